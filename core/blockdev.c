@@ -1,0 +1,378 @@
+#include "blockdev.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../formats/formats.h"
+#include "pool.h"
+
+/* ---- errors ---- */
+
+static _Thread_local char errbuf[512];
+
+void bd_set_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  va_end(ap);
+}
+
+const char *bd_errmsg(void) {
+  return errbuf[0] ? errbuf : "unknown error";
+}
+
+/* ---- sizes ---- */
+
+int bd_parse_size(const char *s, uint64_t *out) {
+  if (!s || !isdigit((unsigned char)*s))
+    return -EINVAL;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno)
+    return -EINVAL;
+  unsigned shift = 0;
+  if (*end) {
+    switch (toupper((unsigned char)*end)) {
+    case 'B': shift = 0; break;
+    case 'K': shift = 10; break;
+    case 'M': shift = 20; break;
+    case 'G': shift = 30; break;
+    case 'T': shift = 40; break;
+    case 'P': shift = 50; break;
+    case 'E': shift = 60; break;
+    default: return -EINVAL;
+    }
+    end++;
+    if (*end == 'i' && end[1] == 'B')
+      end += 2;
+    else if (toupper((unsigned char)*end) == 'B' && shift)
+      end++;
+    if (*end)
+      return -EINVAL;
+  }
+  if (shift && v > (UINT64_MAX >> shift))
+    return -EINVAL;
+  /* Sizes beyond INT64_MAX cannot be offsets for pread/lseek. */
+  if ((v << shift) > (uint64_t)INT64_MAX)
+    return -EINVAL;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+/* ---- extents ---- */
+
+void bd_extents_init(struct bd_extents *e, uint64_t start, size_t max) {
+  memset(e, 0, sizeof *e);
+  e->start = e->end = start;
+  e->max = max;
+}
+
+void bd_extents_reset(struct bd_extents *e, uint64_t start, size_t max) {
+  e->n = 0;
+  e->start = e->end = start;
+  e->max = max;
+}
+
+void bd_extents_free(struct bd_extents *e) {
+  free(e->v);
+  e->v = NULL;
+  e->n = e->cap = 0;
+}
+
+int bd_extents_add(struct bd_extents *e, uint64_t length, uint32_t flags,
+                   uint32_t depth) {
+  if (length == 0)
+    return 0;
+  if (e->n > 0) {
+    struct bd_extent *last = &e->v[e->n - 1];
+    if (last->flags == flags && last->depth == depth) {
+      last->length += length;
+      e->end += length;
+      return 0;
+    }
+  }
+  if (e->max && e->n >= e->max)
+    return 1;
+  if (e->n == e->cap) {
+    size_t cap = e->cap ? e->cap * 2 : 16;
+    struct bd_extent *v = realloc(e->v, cap * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    e->v = v;
+    e->cap = cap;
+  }
+  e->v[e->n++] = (struct bd_extent){length, flags, depth};
+  e->end += length;
+  return 0;
+}
+
+/* ---- lifecycle ---- */
+
+struct bd *bd_new(const struct bd_ops *ops, const char *format,
+                  const char *description) {
+  struct bd *bd = calloc(1, sizeof *bd);
+  if (!bd)
+    return NULL;
+  bd->ops = ops;
+  bd->format = strdup(format);
+  bd->description = strdup(description ? description : format);
+  if (!bd->format || !bd->description) {
+    free(bd->format);
+    free(bd->description);
+    free(bd);
+    return NULL;
+  }
+  bd->exec = BD_EXEC_POOL;
+  bd->conc = BD_CONC_PARALLEL;
+  bd->caps.min_block = 1;
+  bd->caps.pref_block = 4096;
+  bd->caps.max_block = BD_MAX_IO;
+  pthread_mutex_init(&bd->serial_lock, NULL);
+  return bd;
+}
+
+/* Content probe: the magic numbers of the formats we know. */
+static const char *probe_format(const char *path) {
+  unsigned char magic[4] = {0};
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return "raw"; /* the open that follows reports the error */
+  size_t n = fread(magic, 1, sizeof magic, f);
+  fclose(f);
+  if (n == 4 && memcmp(magic, "QFI\xfb", 4) == 0)
+    return "qcow2";
+  return "raw";
+}
+
+struct bd *bd_open(const char *spec, const char *format, bool readonly) {
+  errbuf[0] = 0;
+  struct bd *bd = NULL;
+  if (strncmp(spec, "null:", 5) == 0 && (!format || !strcmp(format, "null")))
+    bd = null_open(spec + 5);
+  else if (strncmp(spec, "memory:", 7) == 0 &&
+           (!format || !strcmp(format, "memory")))
+    bd = memory_open(spec + 7);
+  else {
+    const char *fmt = format ? format : probe_format(spec);
+    if (!strcmp(fmt, "raw"))
+      bd = raw_open(spec, readonly);
+    else if (!strcmp(fmt, "null") || !strcmp(fmt, "memory"))
+      bd_set_error("format '%s' takes a size: use %s:SIZE", fmt, fmt);
+    else if (!strcmp(fmt, "qcow2"))
+      bd_set_error("%s: qcow2 images are not supported by this version; "
+                   "use --format raw to serve the file's bytes as they are",
+                   spec);
+    else
+      bd_set_error("unknown format '%s'", fmt);
+  }
+  if (bd && readonly)
+    bd->caps.readonly = true;
+  return bd;
+}
+
+int bd_close(struct bd *bd) {
+  if (!bd)
+    return 0;
+  int r = 0;
+  if (!bd->caps.readonly && bd->caps.can_flush && bd->ops->flush)
+    r = bd->ops->flush(bd);
+  if (bd->ops->close)
+    bd->ops->close(bd);
+  pthread_mutex_destroy(&bd->serial_lock);
+  free(bd->format);
+  free(bd->description);
+  free(bd);
+  return r;
+}
+
+/* ---- execution ---- */
+
+static bool is_write_cmd(enum bd_cmd cmd) {
+  return cmd == BD_WRITE || cmd == BD_TRIM || cmd == BD_ZERO;
+}
+
+static int check_request(struct bd *bd, const struct bd_req *req) {
+  if (req->cmd == BD_FLUSH)
+    return 0;
+  if (req->offset > bd->size || req->length > bd->size - req->offset) {
+    bd_set_error("request [%llu, +%llu) is beyond the end of the device "
+                 "(%llu bytes)",
+                 (unsigned long long)req->offset,
+                 (unsigned long long)req->length, (unsigned long long)bd->size);
+    return is_write_cmd(req->cmd) ? -ENOSPC : -EINVAL;
+  }
+  if (is_write_cmd(req->cmd) && bd->caps.readonly) {
+    bd_set_error("the device is read-only");
+    return -EPERM;
+  }
+  if ((req->cmd == BD_READ || req->cmd == BD_WRITE) &&
+      req->length > BD_MAX_IO) {
+    bd_set_error("request of %llu bytes exceeds the maximum of %u",
+                 (unsigned long long)req->length, BD_MAX_IO);
+    return -EINVAL;
+  }
+  return 0;
+}
+
+/* Zeroing where the source has no efficient way: write zero buffers. */
+static int write_zeroes(struct bd *bd, uint64_t len, uint64_t off) {
+  if (!bd->ops->pwrite)
+    return -EROFS;
+  size_t chunk = len < 1024 * 1024 ? (size_t)len : 1024 * 1024;
+  void *zeroes = calloc(1, chunk ? chunk : 1);
+  if (!zeroes)
+    return -ENOMEM;
+  int r = 0;
+  while (len > 0 && r == 0) {
+    size_t n = len < chunk ? (size_t)len : chunk;
+    r = bd->ops->pwrite(bd, zeroes, n, off, 0);
+    off += n;
+    len -= n;
+  }
+  free(zeroes);
+  return r;
+}
+
+static int do_zero(struct bd *bd, struct bd_req *req) {
+  if (bd->ops->zero) {
+    int r = bd->ops->zero(bd, req->length, req->offset, req->flags);
+    if (r != -ENOTSUP || (req->flags & BD_F_FAST_ZERO))
+      return r;
+  } else if (req->flags & BD_F_FAST_ZERO) {
+    bd_set_error("this device cannot zero quickly");
+    return -ENOTSUP;
+  }
+  return write_zeroes(bd, req->length, req->offset);
+}
+
+static int do_extents(struct bd *bd, struct bd_req *req) {
+  if (bd->ops->extents && bd->caps.can_extents)
+    return bd->ops->extents(bd, req->length, req->offset, req->flags,
+                            req->extents);
+  int r = bd_extents_add(req->extents, req->length, 0, 1);
+  return r < 0 ? r : 0;
+}
+
+static int dispatch(struct bd *bd, struct bd_req *req) {
+  switch (req->cmd) {
+  case BD_READ: return bd->ops->pread(bd, req->buf, req->length, req->offset);
+  case BD_WRITE:
+    if (!bd->ops->pwrite)
+      return -EROFS;
+    return bd->ops->pwrite(bd, req->buf, req->length, req->offset, req->flags);
+  case BD_FLUSH: return bd->ops->flush ? bd->ops->flush(bd) : 0;
+  case BD_TRIM:
+    /* Trim is advisory: a source that cannot trim succeeds doing nothing. */
+    return bd->ops->trim
+               ? bd->ops->trim(bd, req->length, req->offset, req->flags)
+               : 0;
+  case BD_ZERO: return do_zero(bd, req);
+  case BD_CACHE:
+    return bd->ops->cache ? bd->ops->cache(bd, req->length, req->offset) : 0;
+  case BD_BLOCK_STATUS: return do_extents(bd, req);
+  }
+  return -EINVAL;
+}
+
+/* Run one request in the calling thread: validation, serialisation, the
+ * operation, then FUA emulated by a flush where the source asks. */
+int bd_execute(struct bd *bd, struct bd_req *req) {
+  int r = check_request(bd, req);
+  if (r < 0)
+    return r;
+  if (req->length == 0 && req->cmd != BD_FLUSH)
+    return 0;
+  bool serial = bd->conc == BD_CONC_SERIALIZE;
+  if (serial)
+    pthread_mutex_lock(&bd->serial_lock);
+  r = dispatch(bd, req);
+  if (r == 0 && (req->flags & BD_F_FUA) && is_write_cmd(req->cmd) &&
+      !bd->caps.native_fua && bd->ops->flush)
+    r = bd->ops->flush(bd);
+  if (serial)
+    pthread_mutex_unlock(&bd->serial_lock);
+  return r;
+}
+
+void bd_submit(struct bd *bd, struct bd_req *req) {
+  req->bd = bd;
+  switch (bd->exec) {
+  case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
+  case BD_EXEC_POOL: bd_pool_queue(req); return;
+  case BD_EXEC_ASYNC: {
+    int r = check_request(bd, req);
+    if (r < 0)
+      req->done(req, r);
+    else
+      bd->ops->submit(bd, req);
+    return;
+  }
+  }
+}
+
+void bd_complete(struct bd_req *req, int err) {
+  req->done(req, err);
+}
+
+/* bd_run() on an asynchronous source: submit a copy of the request that
+ * carries its own wait state, then sleep until it completes. */
+struct sync_req {
+  struct bd_req req; /* first, so done() can find the rest */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool done;
+  int err;
+};
+
+static void sync_done(struct bd_req *req, int err) {
+  struct sync_req *s = (struct sync_req *)req;
+  pthread_mutex_lock(&s->lock);
+  s->done = true;
+  s->err = err;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+int bd_run(struct bd *bd, struct bd_req *req) {
+  req->bd = bd;
+  if (bd->exec != BD_EXEC_ASYNC)
+    return bd_execute(bd, req);
+  struct sync_req s = {.req = *req, .done = false};
+  pthread_mutex_init(&s.lock, NULL);
+  pthread_cond_init(&s.cond, NULL);
+  s.req.done = sync_done;
+  bd_submit(bd, &s.req);
+  pthread_mutex_lock(&s.lock);
+  while (!s.done)
+    pthread_cond_wait(&s.cond, &s.lock);
+  pthread_mutex_unlock(&s.lock);
+  pthread_cond_destroy(&s.cond);
+  pthread_mutex_destroy(&s.lock);
+  return s.err;
+}
+
+int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  struct bd_req req = {
+      .cmd = BD_READ, .offset = off, .length = len, .buf = buf};
+  return bd_run(bd, &req);
+}
+
+int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+              uint32_t flags) {
+  struct bd_req req = {.cmd = BD_WRITE,
+                       .offset = off,
+                       .length = len,
+                       .buf = (void *)buf,
+                       .flags = flags};
+  return bd_run(bd, &req);
+}
+
+int bd_flush(struct bd *bd) {
+  struct bd_req req = {.cmd = BD_FLUSH};
+  return bd_run(bd, &req);
+}

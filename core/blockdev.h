@@ -1,0 +1,188 @@
+/* blockport: the block-device interface at the centre of the program.
+ *
+ * Every source (raw file, null, memory, and later qcow2, an NBD URI, an nbdkit
+ * plugin) is a struct bd; every front end (NBD server, FUSE, vhost-user-blk,
+ * the image tools) talks only to struct bd.  A front end never knows which
+ * format it reads; a source never knows who asked.
+ *
+ * Contract
+ * --------
+ * - bd_submit() is asynchronous: the request's done() callback is called
+ *   exactly once, either before bd_submit() returns (sources that complete
+ *   inline, such as null and memory) or later on a worker thread.  done() may
+ *   run on any thread and must not block for long.
+ * - Many threads may call bd_submit() on the same bd at once.  The core
+ *   serialises requests only as much as the source's concurrency asks.
+ * - Requests are validated by the core (range inside the device, flags
+ *   supported, writes on a read-only device); a front end should still
+ *   validate first to give its protocol's precise error.
+ * - Errors are negative errno values.  A human-readable message for the last
+ *   failure on the calling thread is available from bd_errmsg(); done()
+ *   receives the errno only.
+ * - Offsets and lengths are 64-bit everywhere.
+ * - Writes that completed (done() called with 0) before a BD_FLUSH is
+ *   submitted are durable when that flush completes, whichever thread or
+ *   connection submitted them.
+ */
+#ifndef BLOCKPORT_BLOCKDEV_H
+#define BLOCKPORT_BLOCKDEV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum bd_cmd {
+  BD_READ,
+  BD_WRITE,
+  BD_FLUSH,
+  BD_TRIM,
+  BD_ZERO,
+  BD_CACHE,
+  BD_BLOCK_STATUS,
+};
+
+/* Request flags. */
+#define BD_F_FUA 0x1u       /* write/trim/zero: durable before completion */
+#define BD_F_MAY_TRIM 0x2u  /* zero: may deallocate the range */
+#define BD_F_FAST_ZERO 0x4u /* zero: fail with -ENOTSUP unless fast */
+#define BD_F_REQ_ONE 0x8u   /* block status: one extent is enough */
+
+/* Extent flags (the same meaning as NBD base:allocation). */
+#define BD_EXT_HOLE 0x1u /* not allocated in any layer */
+#define BD_EXT_ZERO 0x2u /* reads as zeroes */
+
+struct bd_extent {
+  uint64_t length;
+  uint32_t flags; /* BD_EXT_* */
+  uint32_t
+      depth; /* allocation depth: 0 unallocated, 1 this layer, 2+ backing */
+};
+
+/* A growing list of extents describing [start, start + sum of lengths). */
+struct bd_extents {
+  struct bd_extent *v;
+  size_t n, cap;
+  size_t max; /* stop accepting extents after this many (0 = unbounded) */
+  uint64_t start;
+  uint64_t end; /* covered so far: start + sum of lengths */
+};
+
+void bd_extents_init(struct bd_extents *e, uint64_t start, size_t max);
+void bd_extents_reset(struct bd_extents *e, uint64_t start, size_t max);
+void bd_extents_free(struct bd_extents *e);
+/* Append an extent, merging with the previous one when flags and depth
+ * match.  Returns 0, 1 when the list is full (caller should stop), or
+ * -ENOMEM. */
+int bd_extents_add(struct bd_extents *e, uint64_t length, uint32_t flags,
+                   uint32_t depth);
+
+struct bd_caps {
+  bool readonly;
+  bool can_trim;
+  bool can_zero;      /* efficient zeroing (else the core writes zeroes) */
+  bool can_fast_zero; /* honours BD_F_FAST_ZERO by failing when slow */
+  bool can_fua;       /* FUA is supported (natively or by flush) */
+  bool native_fua;    /* the source handles BD_F_FUA itself */
+  bool can_flush;
+  bool can_cache;
+  bool can_extents; /* real block status (else: all data, depth 1) */
+  bool multi_conn;  /* a flush covers writes from every user of this bd */
+  uint32_t min_block, pref_block, max_block;
+};
+
+/* How much the core must serialise a source's operations. */
+enum bd_concurrency {
+  BD_CONC_PARALLEL,  /* any number of operations at once */
+  BD_CONC_SERIALIZE, /* one operation at a time on this device */
+};
+
+/* How a source's operations are executed. */
+enum bd_exec {
+  BD_EXEC_INLINE, /* cheap and non-blocking: run in the submitting thread */
+  BD_EXEC_POOL,   /* may block: run on the shared worker pool */
+  BD_EXEC_ASYNC,  /* the source implements submit() itself */
+};
+
+struct bd;
+struct bd_req;
+
+/* Operations of a source.  The synchronous ones return 0 or -errno and may
+ * record a message with bd_set_error().  Unsupported operations are NULL. */
+struct bd_ops {
+  const char *name;
+  int (*pread)(struct bd *bd, void *buf, uint64_t len, uint64_t off);
+  int (*pwrite)(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+                uint32_t flags);
+  int (*flush)(struct bd *bd);
+  int (*trim)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
+  int (*zero)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
+  int (*cache)(struct bd *bd, uint64_t len, uint64_t off);
+  int (*extents)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
+                 struct bd_extents *ext);
+  /* BD_EXEC_ASYNC sources only: start the request, call bd_complete(). */
+  void (*submit)(struct bd *bd, struct bd_req *req);
+  void (*close)(struct bd *bd);
+};
+
+struct bd {
+  const struct bd_ops *ops;
+  void *priv;
+  uint64_t size;
+  struct bd_caps caps;
+  enum bd_concurrency conc;
+  enum bd_exec exec;
+  char *format;                /* "raw", "null", ... */
+  char *description;           /* human-readable, e.g. the path */
+  pthread_mutex_t serial_lock; /* used when conc == BD_CONC_SERIALIZE */
+};
+
+typedef void bd_done_fn(struct bd_req *req, int err);
+
+/* One request.  The submitter owns the memory until done() is called. */
+struct bd_req {
+  enum bd_cmd cmd;
+  uint32_t flags;
+  uint64_t offset;
+  uint64_t length;
+  void *buf;                  /* READ: destination; WRITE: source */
+  struct bd_extents *extents; /* BLOCK_STATUS: filled from offset on */
+  bd_done_fn *done;
+  struct bd *bd;       /* set by bd_submit */
+  struct bd_req *next; /* queue link, owned by the core while in flight */
+};
+
+/* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE".  FORMAT is NULL
+ * to probe by content.  Returns NULL with a message in bd_errmsg(). */
+struct bd *bd_open(const char *spec, const char *format, bool readonly);
+/* Flushes (when writable) and closes. Returns the flush result. */
+int bd_close(struct bd *bd);
+
+/* Allocation for sources: a bd with ops set and everything else default. */
+struct bd *bd_new(const struct bd_ops *ops, const char *format,
+                  const char *description);
+
+/* Submit a request; see the contract above. */
+void bd_submit(struct bd *bd, struct bd_req *req);
+/* Run a request to completion in the calling thread. Returns 0 or -errno. */
+int bd_run(struct bd *bd, struct bd_req *req);
+/* Called by BD_EXEC_ASYNC sources when a request finishes. */
+void bd_complete(struct bd_req *req, int err);
+
+/* Synchronous conveniences built on bd_run(). */
+int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off);
+int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+              uint32_t flags);
+int bd_flush(struct bd *bd);
+
+/* Per-thread error message for the last failure. */
+void bd_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *bd_errmsg(void);
+
+/* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
+int bd_parse_size(const char *s, uint64_t *out);
+
+/* Largest request the core accepts for READ/WRITE. */
+#define BD_MAX_IO (32u * 1024 * 1024)
+
+#endif

@@ -1,0 +1,14 @@
+/* Constructors of the sources blockport can open.  Each returns a struct bd
+ * (see core/blockdev.h) or NULL with a message set by bd_set_error(). */
+#ifndef BLOCKPORT_FORMATS_H
+#define BLOCKPORT_FORMATS_H
+
+#include <stdbool.h>
+
+struct bd;
+
+struct bd *raw_open(const char *path, bool readonly);
+struct bd *null_open(const char *size);
+struct bd *memory_open(const char *size);
+
+#endif

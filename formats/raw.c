@@ -1,0 +1,242 @@
+/* raw: a file or block device whose bytes are the disk.
+ *
+ * Data goes through pread/pwrite (restarted on EINTR and short transfers),
+ * flush and FUA through fdatasync, trim and zero through fallocate, and
+ * block status through SEEK_DATA/SEEK_HOLE. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "formats.h"
+
+struct rawdev {
+  int fd;
+  bool is_block;
+  bool can_punch, can_zero_range; /* cleared once the kernel says no */
+};
+
+static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  struct rawdev *r = bd->priv;
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(r->fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      int e = errno;
+      bd_set_error("raw: read at %llu: %s", (unsigned long long)off,
+                   strerror(e));
+      return -e;
+    }
+    if (n == 0) {
+      /* The file shrank under us: what is past its end reads as zeroes. */
+      memset(p, 0, len);
+      return 0;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  return 0;
+}
+
+static int raw_flush(struct bd *bd) {
+  struct rawdev *r = bd->priv;
+  if (fdatasync(r->fd) < 0) {
+    int e = errno;
+    bd_set_error("raw: fdatasync: %s", strerror(e));
+    return -e;
+  }
+  return 0;
+}
+
+static int raw_pwrite(struct bd *bd, const void *buf, uint64_t len,
+                      uint64_t off, uint32_t flags) {
+  struct rawdev *r = bd->priv;
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = pwrite(r->fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      int e = errno;
+      bd_set_error("raw: write at %llu: %s", (unsigned long long)off,
+                   strerror(e));
+      return -e;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (uint64_t)n;
+  }
+  return (flags & BD_F_FUA) ? raw_flush(bd) : 0;
+}
+
+static int do_fallocate(struct rawdev *r, int mode, uint64_t len,
+                        uint64_t off) {
+  int ret;
+  do
+    ret = fallocate(r->fd, mode, (off_t)off, (off_t)len);
+  while (ret < 0 && errno == EINTR);
+  return ret < 0 ? -errno : 0;
+}
+
+static bool unsupported(int err) {
+  return err == -EOPNOTSUPP || err == -ENOSYS || err == -ENODEV;
+}
+
+static int raw_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
+  struct rawdev *r = bd->priv;
+  int ret = 0;
+  if (r->can_punch) {
+    ret = do_fallocate(r, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (unsupported(ret)) {
+      r->can_punch = false;
+      ret = 0; /* trim is advisory */
+    }
+  }
+  if (ret < 0) {
+    bd_set_error("raw: punch hole: %s", strerror(-ret));
+    return ret;
+  }
+  return (flags & BD_F_FUA) ? raw_flush(bd) : 0;
+}
+
+/* Zero a range efficiently, or return -ENOTSUP so the core writes zeroes
+ * (or fails a fast-zero request). */
+static int raw_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
+  struct rawdev *r = bd->priv;
+  int ret = -ENOTSUP;
+  /* A punched hole reads as zeroes in a regular file. */
+  if ((flags & BD_F_MAY_TRIM) && r->can_punch && !r->is_block) {
+    ret = do_fallocate(r, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (unsupported(ret)) {
+      r->can_punch = false;
+      ret = -ENOTSUP;
+    }
+  }
+  if (ret == -ENOTSUP && r->can_zero_range) {
+    ret = do_fallocate(r, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, len, off);
+    if (unsupported(ret)) {
+      r->can_zero_range = false;
+      ret = -ENOTSUP;
+    }
+  }
+  if (ret == -ENOTSUP) {
+    bd_set_error("raw: the file system cannot zero without writing");
+    return ret;
+  }
+  if (ret < 0) {
+    bd_set_error("raw: zero range: %s", strerror(-ret));
+    return ret;
+  }
+  return (flags & BD_F_FUA) ? raw_flush(bd) : 0;
+}
+
+static int raw_cache(struct bd *bd, uint64_t len, uint64_t off) {
+  struct rawdev *r = bd->priv;
+  int e = posix_fadvise(r->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
+  if (e) {
+    bd_set_error("raw: fadvise: %s", strerror(e));
+    return -e;
+  }
+  return 0;
+}
+
+static int raw_extents(struct bd *bd, uint64_t len, uint64_t off,
+                       uint32_t flags, struct bd_extents *ext) {
+  struct rawdev *r = bd->priv;
+  uint64_t end = off + len;
+  while (off < end) {
+    off_t data = lseek(r->fd, (off_t)off, SEEK_DATA);
+    if (data < 0 && errno == ENXIO)
+      data = (off_t)end; /* no data after off: the rest is a hole */
+    else if (data < 0) {
+      /* No SEEK_DATA here: report everything as data. */
+      return bd_extents_add(ext, end - off, 0, 1) < 0 ? -ENOMEM : 0;
+    }
+    uint64_t d = (uint64_t)data < end ? (uint64_t)data : end;
+    int ret = 0;
+    if (d > off)
+      ret = bd_extents_add(ext, d - off, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+    off = d;
+    if (ret != 0 || off >= end || ((flags & BD_F_REQ_ONE) && ext->n > 0))
+      return ret < 0 ? ret : 0;
+    off_t hole = lseek(r->fd, (off_t)off, SEEK_HOLE);
+    uint64_t h = hole < 0 || (uint64_t)hole > end ? end : (uint64_t)hole;
+    ret = bd_extents_add(ext, h - off, 0, 1);
+    off = h;
+    if (ret != 0 || ((flags & BD_F_REQ_ONE) && ext->n > 0))
+      return ret < 0 ? ret : 0;
+  }
+  return 0;
+}
+
+static void raw_close(struct bd *bd) {
+  struct rawdev *r = bd->priv;
+  close(r->fd);
+  free(r);
+}
+
+static const struct bd_ops raw_ops = {
+    .name = "raw",
+    .pread = raw_pread,
+    .pwrite = raw_pwrite,
+    .flush = raw_flush,
+    .trim = raw_trim,
+    .zero = raw_zero,
+    .cache = raw_cache,
+    .extents = raw_extents,
+    .close = raw_close,
+};
+
+struct bd *raw_open(const char *path, bool readonly) {
+  int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  if (fd < 0) {
+    bd_set_error("%s: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  off_t size = -1;
+  if (fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)))
+    size = lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    bd_set_error("%s: not a regular file or block device", path);
+    close(fd);
+    return NULL;
+  }
+  struct rawdev *r = calloc(1, sizeof *r);
+  struct bd *bd = r ? bd_new(&raw_ops, "raw", path) : NULL;
+  if (!bd) {
+    free(r);
+    close(fd);
+    bd_set_error("raw: out of memory");
+    return NULL;
+  }
+  r->fd = fd;
+  r->is_block = S_ISBLK(st.st_mode);
+  r->can_punch = r->can_zero_range = true;
+  bd->priv = r;
+  bd->size = (uint64_t)size;
+  bd->exec = BD_EXEC_POOL;
+  bd->caps = (struct bd_caps){.readonly = readonly,
+                              .can_trim = true,
+                              .can_zero = true,
+                              .can_fast_zero = true,
+                              .can_fua = true,
+                              .native_fua = true,
+                              .can_flush = true,
+                              .can_cache = true,
+                              .can_extents = !r->is_block,
+                              .multi_conn = true,
+                              .min_block = 1,
+                              .pref_block = 4096,
+                              .max_block = BD_MAX_IO};
+  return bd;
+}

@@ -1,0 +1,565 @@
+/* One NBD connection: the handshake, then the transmission loop.
+ *
+ * Each connection has one thread.  In transmission it reads the socket into
+ * a buffer (one read may carry many requests), parses requests and submits
+ * them to the export's block device, which runs them on the worker pool (or
+ * inline for cheap sources).  Completions lay out their reply and append it
+ * to the connection's reply queue (send.c), so replies go out in
+ * completion order.  Back-pressure: at the per-connection limit on requests
+ * or bytes in flight the thread stops reading until completions free
+ * budget. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../core/cleanup.h"
+#include "../core/log.h"
+#include "conn.h"
+#include "nbd-protocol.h"
+
+#define RBUF_SIZE (256 * 1024)
+/* A rejected request's payload up to this size is read and dropped; a
+ * larger one means the client is lost, and the connection closes. */
+#define DISCARD_MAX (64ull * 1024 * 1024)
+
+/* ---- blocking I/O for the handshake ---- */
+
+static bool read_full(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    p += n;
+    len -= (size_t)n;
+  }
+  return true;
+}
+
+static bool write_full(int fd, const void *buf, size_t len) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    p += n;
+    len -= (size_t)n;
+  }
+  return true;
+}
+
+static bool discard_bytes(int fd, uint64_t len) {
+  uint8_t tmp[4096];
+  while (len > 0) {
+    size_t n = len < sizeof tmp ? (size_t)len : sizeof tmp;
+    if (!read_full(fd, tmp, n))
+      return false;
+    len -= n;
+  }
+  return true;
+}
+
+static bool flush_out(struct conn *c, struct hs_out *out) {
+  bool ok = !out->oom && write_full(c->fd, out->buf, out->len);
+  out->len = 0;
+  return ok;
+}
+
+/* Returns true when the client chose an export and transmission starts. */
+static bool handshake(struct conn *c) {
+  struct hs_state hs = {0};
+  struct hs_out out = {0};
+  uint8_t hdr[16];
+  bool ok = false;
+
+  hs_greeting(&out);
+  uint8_t cf[4];
+  if (!flush_out(c, &out) || !read_full(c->fd, cf, 4))
+    goto done;
+  if (!hs_client_flags(&hs, get_be32(cf))) {
+    log_info("connection %u (%s): unknown client flags 0x%x", c->id, c->peer,
+             get_be32(cf));
+    goto done;
+  }
+  for (;;) {
+    if (!read_full(c->fd, hdr, 16))
+      goto done;
+    if (get_be64(hdr) != NBD_IHAVEOPT) {
+      log_info("connection %u (%s): bad option magic", c->id, c->peer);
+      goto done;
+    }
+    uint32_t opt = get_be32(hdr + 8), len = get_be32(hdr + 12);
+    enum hs_result res;
+    if (len > HS_MAX_OPTION_DATA) {
+      if (opt == NBD_OPT_EXPORT_NAME || len > DISCARD_MAX ||
+          !discard_bytes(c->fd, len))
+        goto done;
+      hs_option_too_big(&hs, opt, &out);
+      res = HS_CONTINUE;
+    } else {
+      CLEANUP_FREE uint8_t *data = malloc(len ? len : 1);
+      if (!data || !read_full(c->fd, data, len))
+        goto done;
+      res = hs_option(&hs, &c->srv->catalog, opt, data, len, &out);
+    }
+    log_debug("connection %u: option %u (%u bytes) -> %d", c->id, opt, len,
+              (int)res);
+    if (!flush_out(c, &out) || res == HS_CLOSE)
+      goto done;
+    if (res == HS_GO)
+      break;
+  }
+  c->exp = &c->srv->exports[hs.export_index];
+  const struct hs_export *he = &c->srv->hs_exports[hs.export_index];
+  c->tx = (struct nbd_tx){.size = he->size,
+                          .tflags = hs.tflags,
+                          .structured = hs.structured,
+                          .extended = hs.extended,
+                          .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
+                          .max_payload = BD_MAX_IO};
+  c->ctx_base = hs.ctx_base;
+  c->ctx_depth = hs.ctx_depth;
+  ok = true;
+  log_debug("connection %u (%s): export '%s'%s%s", c->id, c->peer, c->exp->name,
+            hs.structured ? ", structured replies" : "",
+            hs.extended ? ", extended headers" : "");
+done:
+  hs_out_free(&out);
+  return ok;
+}
+
+/* ---- requests ---- */
+
+/* A request struct from the free list (or a new one), counted in flight. */
+static struct nreq *get_req(struct conn *c, uint64_t cost) {
+  pthread_mutex_lock(&c->lock);
+  struct nreq *n = c->freelist;
+  if (n)
+    c->freelist = n->next;
+  c->inflight++;
+  c->inflight_bytes += cost;
+  pthread_mutex_unlock(&c->lock);
+  if (!n) {
+    n = calloc(1, sizeof *n);
+    if (!n) {
+      pthread_mutex_lock(&c->lock);
+      c->inflight--;
+      c->inflight_bytes -= cost;
+      pthread_mutex_unlock(&c->lock);
+      return NULL;
+    }
+    n->c = c;
+    bd_extents_init(&n->ext, 0, BS_MAX_EXTENTS);
+  }
+  n->cost = cost;
+  n->have = 0;
+  n->error = 0;
+  n->ctx_mask = 0;
+  return n;
+}
+
+static bool ensure_buf(struct nreq *n, uint64_t len) {
+  if (n->bufcap >= len)
+    return true;
+  free(n->buf);
+  n->buf = malloc(len ? len : 1);
+  n->bufcap = n->buf ? len : 0;
+  return n->buf != NULL;
+}
+
+static void req_done(struct bd_req *bdr, int err) {
+  struct nreq *n = (struct nreq *)bdr;
+  reply_build(n, err);
+  send_queue(n->c, n);
+}
+
+static void fail_req(struct conn *c, struct nreq *n, uint32_t err,
+                     const char *msg) {
+  log_info("connection %u (%s): command %u at %llu+%llu rejected: %s", c->id,
+           c->peer, n->r.type, (unsigned long long)n->r.offset,
+           (unsigned long long)n->r.length, msg);
+  reply_error(n, err, msg);
+  send_queue(c, n);
+}
+
+/* BLOCK_STATUS with a payload: u64 effect length, then the context ids the
+ * client wants answered. */
+static bool parse_bs_payload(struct conn *c, struct nreq *n) {
+  uint64_t plen = n->r.length;
+  if (plen < 12 || (plen - 8) % 4 != 0)
+    return false;
+  n->bdr.length = get_be64(n->buf);
+  for (uint64_t i = 8; i < plen; i += 4) {
+    uint32_t id = get_be32(n->buf + i);
+    if ((id == HS_CTX_BASE_ALLOCATION && c->ctx_base) ||
+        (id == HS_CTX_ALLOCATION_DEPTH && c->ctx_depth))
+      n->ctx_mask |= 1u << id;
+    else
+      return false;
+  }
+  return true;
+}
+
+static void submit_block_status(struct conn *c, struct nreq *n) {
+  n->bdr.length = n->r.length;
+  n->ctx_mask = (c->ctx_base ? 1u << HS_CTX_BASE_ALLOCATION : 0) |
+                (c->ctx_depth ? 1u << HS_CTX_ALLOCATION_DEPTH : 0);
+  if ((n->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN) && !parse_bs_payload(c, n)) {
+    fail_req(c, n, NBD_EINVAL, "malformed block status payload");
+    return;
+  }
+  uint64_t off = n->r.offset, len = n->bdr.length;
+  if (len == 0 || off > c->tx.size || len > c->tx.size - off) {
+    fail_req(c, n, NBD_EINVAL, "block status range is invalid");
+    return;
+  }
+  bd_extents_reset(&n->ext, off,
+                   (n->r.flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : BS_MAX_EXTENTS);
+  n->bdr.cmd = BD_BLOCK_STATUS;
+  n->bdr.flags = (n->r.flags & NBD_CMD_FLAG_REQ_ONE) ? BD_F_REQ_ONE : 0;
+  n->bdr.extents = &n->ext;
+  bd_submit(c->exp->bd, &n->bdr);
+}
+
+static void submit(struct conn *c, struct nreq *n) {
+  uint16_t f = n->r.flags;
+  n->bdr.offset = n->r.offset;
+  n->bdr.length = n->r.length;
+  n->bdr.buf = n->buf;
+  n->bdr.flags = (f & NBD_CMD_FLAG_FUA) ? BD_F_FUA : 0;
+  n->bdr.done = req_done;
+  switch (n->r.type) {
+  case NBD_CMD_READ: n->bdr.cmd = BD_READ; break;
+  case NBD_CMD_WRITE: n->bdr.cmd = BD_WRITE; break;
+  case NBD_CMD_FLUSH:
+    n->bdr.cmd = BD_FLUSH;
+    n->bdr.offset = n->bdr.length = 0;
+    break;
+  case NBD_CMD_TRIM: n->bdr.cmd = BD_TRIM; break;
+  case NBD_CMD_CACHE: n->bdr.cmd = BD_CACHE; break;
+  case NBD_CMD_WRITE_ZEROES:
+    n->bdr.cmd = BD_ZERO;
+    if (!(f & NBD_CMD_FLAG_NO_HOLE))
+      n->bdr.flags |= BD_F_MAY_TRIM;
+    if (f & NBD_CMD_FLAG_FAST_ZERO)
+      n->bdr.flags |= BD_F_FAST_ZERO;
+    break;
+  case NBD_CMD_BLOCK_STATUS: submit_block_status(c, n); return;
+  }
+  bd_submit(c->exp->bd, &n->bdr);
+}
+
+/* A parsed header: validate, then submit or wait for its payload. */
+static void handle_request(struct conn *c, const struct nbd_request *r) {
+  if (r->type == NBD_CMD_DISC) {
+    log_debug("connection %u: disconnect requested", c->id);
+    c->eof = true;
+    return;
+  }
+  uint64_t payload = nbd_request_payload(&c->tx, r);
+  const char *msg = NULL;
+  uint32_t err = nbd_validate_request(&c->tx, r, &msg);
+  if (!err && payload > c->tx.max_payload) {
+    err = NBD_EINVAL;
+    msg = "payload too large";
+  }
+  uint64_t cost = err ? 0 : (r->type == NBD_CMD_READ ? r->length : payload);
+  struct nreq *n = get_req(c, cost);
+  if (!n ||
+      (!err && !ensure_buf(n, r->type == NBD_CMD_READ ? r->length : payload))) {
+    err = NBD_ENOMEM;
+    msg = "out of memory";
+    if (!n) {
+      log_error("connection %u: out of memory", c->id);
+      c->eof = true;
+      return;
+    }
+  }
+  n->r = *r;
+  if (err) {
+    if (payload > DISCARD_MAX) {
+      log_info("connection %u (%s): payload of %llu bytes is too large to "
+               "skip; closing",
+               c->id, c->peer, (unsigned long long)payload);
+      c->eof = true;
+    } else {
+      c->discard = payload;
+    }
+    fail_req(c, n, err, msg);
+    return;
+  }
+  if (payload > 0) {
+    c->cur = n;
+    return;
+  }
+  submit(c, n);
+}
+
+static bool at_limit_locked(struct conn *c) {
+  return c->inflight >= c->srv->limits.max_requests ||
+         c->inflight_bytes >= c->srv->limits.max_bytes;
+}
+
+/* Consume what the read buffer holds: skipped payload, the payload of the
+ * current request, then as many request headers as fit the budget. */
+static void process_input(struct conn *c) {
+  while (!c->eof) {
+    size_t avail = c->rend - c->rstart;
+    if (c->discard > 0) {
+      size_t n = c->discard < avail ? (size_t)c->discard : avail;
+      c->rstart += n;
+      c->discard -= n;
+      if (c->discard > 0)
+        break;
+      continue;
+    }
+    if (c->cur) {
+      struct nreq *n = c->cur;
+      uint64_t need = nbd_request_payload(&c->tx, &n->r) - n->have;
+      size_t take = need < avail ? (size_t)need : avail;
+      memcpy(n->buf + n->have, c->rbuf + c->rstart, take);
+      c->rstart += take;
+      n->have += take;
+      if (take < need)
+        break;
+      c->cur = NULL;
+      submit(c, n);
+      continue;
+    }
+    pthread_mutex_lock(&c->lock);
+    bool limit = at_limit_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (limit)
+      break;
+    struct nbd_request r;
+    int used =
+        nbd_parse_request(c->rbuf + c->rstart, avail, c->tx.extended, &r);
+    if (used == 0)
+      break;
+    if (used < 0) {
+      log_info("connection %u (%s): bad request magic; closing", c->id,
+               c->peer);
+      c->eof = true;
+      break;
+    }
+    c->rstart += (size_t)used;
+    handle_request(c, &r);
+  }
+  /* Keep the unparsed tail at the front of the buffer. */
+  if (c->rstart == c->rend) {
+    c->rstart = c->rend = 0;
+  } else if (c->rstart > 0 && c->rcap - c->rend < NBD_EXTENDED_REQUEST_SIZE) {
+    memmove(c->rbuf, c->rbuf + c->rstart, c->rend - c->rstart);
+    c->rend -= c->rstart;
+    c->rstart = 0;
+  }
+}
+
+/* Read from the socket: straight into a large payload when the buffer is
+ * empty, else into the buffer.  Returns false at end of stream or error. */
+static bool read_input(struct conn *c) {
+  ssize_t n;
+  if (c->cur && c->rstart == c->rend) {
+    struct nreq *q = c->cur;
+    uint64_t need = nbd_request_payload(&c->tx, &q->r) - q->have;
+    if (need >= RBUF_SIZE / 2) {
+      n = read(c->fd, q->buf + q->have, need);
+      if (n > 0) {
+        q->have += (uint64_t)n;
+        if (q->have == nbd_request_payload(&c->tx, &q->r)) {
+          c->cur = NULL;
+          submit(c, q);
+        }
+        return true;
+      }
+      goto check;
+    }
+  }
+  if (c->rend == c->rcap)
+    return true; /* full: wait until processing makes room */
+  n = read(c->fd, c->rbuf + c->rend, c->rcap - c->rend);
+  if (n > 0) {
+    c->rend += (size_t)n;
+    return true;
+  }
+check:
+  if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    return true;
+  if (n < 0)
+    log_info("connection %u (%s): read failed: %s", c->id, c->peer,
+             strerror(errno));
+  else if (c->cur || c->rend > c->rstart)
+    log_info("connection %u (%s): client vanished in the middle of a request",
+             c->id, c->peer);
+  return false;
+}
+
+/* No more input: a request still waiting for its payload is abandoned. */
+static void stop_reading(struct conn *c) {
+  c->eof = true;
+  if (c->cur) {
+    pthread_mutex_lock(&c->lock);
+    conn_release_locked(c, c->cur);
+    pthread_mutex_unlock(&c->lock);
+    c->cur = NULL;
+  }
+}
+
+static void transmission(struct conn *c) {
+  fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+  for (;;) {
+    send_cork(c);
+    process_input(c);
+    send_uncork(c);
+
+    pthread_mutex_lock(&c->lock);
+    if ((c->eof || c->dead) && c->inflight == 0) {
+      pthread_mutex_unlock(&c->lock);
+      break;
+    }
+    bool want_in = !c->eof && !c->dead && !at_limit_locked(c);
+    bool want_out = c->send_blocked && !c->dead;
+    c->waiting = true;
+    pthread_mutex_unlock(&c->lock);
+
+    struct pollfd p[2] = {
+        {.fd = c->fd,
+         .events = (short)((want_in ? POLLIN : 0) | (want_out ? POLLOUT : 0))},
+        {.fd = c->wakefd, .events = POLLIN},
+    };
+    if (poll(p, 2, -1) < 0 && errno != EINTR)
+      break;
+    pthread_mutex_lock(&c->lock);
+    c->waiting = false;
+    pthread_mutex_unlock(&c->lock);
+    if (p[1].revents & POLLIN) {
+      uint64_t v;
+      ssize_t r = read(c->wakefd, &v, sizeof v);
+      (void)r;
+    }
+    if (p[0].revents & POLLOUT)
+      send_writable(c);
+    if (want_in && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+      if (!read_input(c))
+        stop_reading(c);
+    } else if (p[0].revents & (POLLHUP | POLLERR)) {
+      /* The peer is gone while we only wait to send: drop the replies. */
+      pthread_mutex_lock(&c->lock);
+      c->dead = true;
+      c->send_blocked = false;
+      pthread_mutex_unlock(&c->lock);
+      send_writable(c);
+    }
+  }
+}
+
+/* ---- lifecycle ---- */
+
+static void conn_free(struct conn *c) {
+  struct nreq *n = c->freelist;
+  while (n) {
+    struct nreq *next = n->next;
+    free(n->buf);
+    free(n->extra);
+    bd_extents_free(&n->ext);
+    free(n);
+    n = next;
+  }
+  free(c->rbuf);
+  if (c->wakefd >= 0)
+    close(c->wakefd);
+  close(c->fd);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+static void unlink_conn(struct conn *c) {
+  struct server *srv = c->srv;
+  pthread_mutex_lock(&srv->lock);
+  for (struct conn **pp = &srv->conns; *pp; pp = &(*pp)->next) {
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  }
+  srv->nconns--;
+  pthread_cond_broadcast(&srv->cond);
+  pthread_mutex_unlock(&srv->lock);
+}
+
+static void *conn_main(void *arg) {
+  struct conn *c = arg;
+  char name[16];
+  snprintf(name, sizeof name, "bp-conn-%u", c->id);
+  pthread_setname_np(pthread_self(), name);
+  log_debug("connection %u from %s", c->id, c->peer);
+  if (handshake(c))
+    transmission(c);
+  log_debug("connection %u (%s) closed", c->id, c->peer);
+  /* Unlink before closing, so shutdown never touches a closed fd. */
+  unlink_conn(c);
+  conn_free(c);
+  return NULL;
+}
+
+bool conn_start(struct server *srv, int fd, const char *peer) {
+  struct conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    close(fd);
+    return false;
+  }
+  c->fd = fd;
+  c->srv = srv;
+  c->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  c->rbuf = malloc(RBUF_SIZE);
+  c->rcap = RBUF_SIZE;
+  c->sq_tail = &c->sq_head;
+  snprintf(c->peer, sizeof c->peer, "%s", peer);
+  /* Adaptive: spin briefly before sleeping, as hold times are tiny. */
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+  pthread_mutex_init(&c->lock, &ma);
+  pthread_mutexattr_destroy(&ma);
+  if (c->wakefd < 0 || !c->rbuf) {
+    conn_free(c);
+    return false;
+  }
+  pthread_mutex_lock(&srv->lock);
+  c->id = ++srv->next_id;
+  c->next = srv->conns;
+  srv->conns = c;
+  srv->nconns++;
+  pthread_mutex_unlock(&srv->lock);
+
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  int r = pthread_create(&t, &attr, conn_main, c);
+  pthread_attr_destroy(&attr);
+  if (r != 0) {
+    log_error("cannot start a connection thread: %s", strerror(r));
+    unlink_conn(c);
+    conn_free(c);
+    return false;
+  }
+  return true;
+}
+
+void conn_shutdown_all(struct server *srv, int how) {
+  pthread_mutex_lock(&srv->lock);
+  for (struct conn *c = srv->conns; c; c = c->next)
+    shutdown(c->fd, how);
+  pthread_mutex_unlock(&srv->lock);
+}

@@ -1,0 +1,88 @@
+/* Internals of one NBD connection, shared by conn.c (reading and
+ * dispatching requests), reply.c (laying out replies) and send.c (the
+ * reply queue).  Not for use outside server/. */
+#ifndef BLOCKPORT_CONN_H
+#define BLOCKPORT_CONN_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "../core/blockdev.h"
+#include "server.h"
+#include "wire.h"
+
+#define READ_MAX_RUNS 32 /* chunks in one read reply */
+#define REQ_MAX_IOV (2 * READ_MAX_RUNS + 2)
+#define REQ_HDR_SPACE (READ_MAX_RUNS * 48 + 256)
+#define BS_MAX_EXTENTS 16384 /* descriptors per context */
+
+/* One request from the moment its header is parsed until its reply has
+ * been sent.  The struct bd_req comes first so completions can find it. */
+struct nreq {
+  struct bd_req bdr;
+  struct conn *c;
+  struct nbd_request r;
+  uint32_t error;     /* NBD error to answer with, when nonzero */
+  const char *errmsg; /* static text for protocol errors */
+  uint64_t cost;      /* bytes counted against the in-flight limit */
+  uint8_t *buf;       /* read or write data */
+  size_t bufcap;
+  uint64_t have;     /* write payload received so far */
+  unsigned ctx_mask; /* block status: contexts to answer */
+  struct bd_extents ext;
+  uint8_t *extra; /* block status descriptors, error text */
+  size_t extracap;
+  /* The reply, as an iovec over hdr, buf and extra. */
+  uint8_t hdr[REQ_HDR_SPACE];
+  struct iovec iov[REQ_MAX_IOV];
+  int niov;
+  size_t total, sent;
+  struct nreq *next;
+};
+
+struct conn {
+  int fd;
+  int wakefd; /* eventfd: completions wake the connection thread */
+  unsigned id;
+  char peer[80];
+  struct server *srv;
+  struct export *exp;
+  struct nbd_tx tx;
+  bool ctx_base, ctx_depth;
+  struct conn *next; /* in srv->conns */
+
+  /* Input, touched only by the connection thread. */
+  uint8_t *rbuf;
+  size_t rstart, rend, rcap;
+  struct nreq *cur; /* receiving its payload */
+  uint64_t discard; /* payload bytes to skip after a rejected request */
+  bool eof;         /* no more requests will be read */
+
+  /* Everything below is guarded by lock. */
+  pthread_mutex_t lock;
+  unsigned inflight;
+  uint64_t inflight_bytes;
+  struct nreq *freelist;
+  struct nreq *sq_head, **sq_tail; /* replies waiting to be sent */
+  bool sending;      /* somebody holds the right to write the socket */
+  bool corked;       /* ... and it is the connection thread */
+  bool send_blocked; /* the socket is full: wait for POLLOUT */
+  bool dead;         /* the socket failed: drop replies */
+  bool waiting;      /* the connection thread wants a wake-up */
+};
+
+/* send.c */
+void send_queue(struct conn *c, struct nreq *n);
+void send_cork(struct conn *c);
+void send_uncork(struct conn *c);
+void send_writable(struct conn *c);
+void conn_release_locked(struct conn *c, struct nreq *n);
+void conn_wake_locked(struct conn *c);
+
+/* reply.c */
+void reply_build(struct nreq *n, int err);
+void reply_error(struct nreq *n, uint32_t nbd_err, const char *msg);
+
+#endif

@@ -1,0 +1,355 @@
+#include "handshake.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "nbd-protocol.h"
+#include "wire.h"
+
+/* ---- output buffer ---- */
+
+static uint8_t *out_reserve(struct hs_out *out, size_t n) {
+  if (out->oom)
+    return NULL;
+  if (out->len + n > out->cap) {
+    size_t cap = out->cap ? out->cap : 256;
+    while (cap < out->len + n)
+      cap *= 2;
+    uint8_t *b = realloc(out->buf, cap);
+    if (!b) {
+      out->oom = true;
+      return NULL;
+    }
+    out->buf = b;
+    out->cap = cap;
+  }
+  uint8_t *p = out->buf + out->len;
+  out->len += n;
+  return p;
+}
+
+void hs_out_free(struct hs_out *out) {
+  free(out->buf);
+  memset(out, 0, sizeof *out);
+}
+
+/* One option reply with its payload assembled from up to three parts. */
+static void reply(struct hs_out *out, uint32_t opt, uint32_t type,
+                  const void *a, size_t alen, const void *b, size_t blen) {
+  uint8_t *p = out_reserve(out, 20 + alen + blen);
+  if (!p)
+    return;
+  put_be64(p, NBD_REP_MAGIC);
+  put_be32(p + 8, opt);
+  put_be32(p + 12, type);
+  put_be32(p + 16, (uint32_t)(alen + blen));
+  if (alen)
+    memcpy(p + 20, a, alen);
+  if (blen)
+    memcpy(p + 20 + alen, b, blen);
+}
+
+static void reply_ack(struct hs_out *out, uint32_t opt) {
+  reply(out, opt, NBD_REP_ACK, NULL, 0, NULL, 0);
+}
+
+static void reply_err(struct hs_out *out, uint32_t opt, uint32_t err,
+                      const char *msg) {
+  reply(out, opt, err, msg, msg ? strlen(msg) : 0, NULL, 0);
+}
+
+void hs_greeting(struct hs_out *out) {
+  uint8_t *p = out_reserve(out, 18);
+  if (!p)
+    return;
+  put_be64(p, NBD_MAGIC);
+  put_be64(p + 8, NBD_IHAVEOPT);
+  put_be16(p + 16, NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES);
+}
+
+bool hs_client_flags(struct hs_state *hs, uint32_t flags) {
+  if (flags & ~(uint32_t)(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES))
+    return false;
+  hs->fixed = flags & NBD_FLAG_C_FIXED_NEWSTYLE;
+  hs->no_zeroes = flags & NBD_FLAG_C_NO_ZEROES;
+  hs->ctx_export = -1;
+  hs->export_index = -1;
+  return true;
+}
+
+/* ---- exports ---- */
+
+static int find_export(const struct hs_catalog *cat, const uint8_t *name,
+                       uint32_t len) {
+  if (len == 0)
+    return cat->n > 0 ? 0 : -1;
+  for (size_t i = 0; i < cat->n; i++)
+    if (strlen(cat->v[i].name) == len && memcmp(cat->v[i].name, name, len) == 0)
+      return (int)i;
+  return -1;
+}
+
+uint16_t hs_tflags(const struct hs_state *hs, const struct hs_export *e) {
+  uint16_t f = e->tflags | NBD_FLAG_HAS_FLAGS;
+  if (hs->structured)
+    f |= NBD_FLAG_SEND_DF;
+  if (hs->extended)
+    f |= NBD_FLAG_BLOCK_STAT_PAYLOAD;
+  return f;
+}
+
+/* ---- options ---- */
+
+/* NBD_REP_SERVER: u32 name length, name, then the description (the spec
+ * lets the rest of the reply carry implementation-specific text). */
+static void reply_server(struct hs_out *out, const struct hs_export *e) {
+  size_t nlen = strlen(e->name), dlen = strlen(e->description);
+  uint8_t *p = out_reserve(out, 24 + nlen + dlen);
+  if (!p)
+    return;
+  put_be64(p, NBD_REP_MAGIC);
+  put_be32(p + 8, NBD_OPT_LIST);
+  put_be32(p + 12, NBD_REP_SERVER);
+  put_be32(p + 16, (uint32_t)(4 + nlen + dlen));
+  put_be32(p + 20, (uint32_t)nlen);
+  memcpy(p + 24, e->name, nlen);
+  memcpy(p + 24 + nlen, e->description, dlen);
+}
+
+static void do_list(const struct hs_catalog *cat, uint32_t len,
+                    struct hs_out *out) {
+  if (len != 0) {
+    reply_err(out, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
+    return;
+  }
+  for (size_t i = 0; i < cat->n; i++)
+    reply_server(out, &cat->v[i]);
+  reply_ack(out, NBD_OPT_LIST);
+}
+
+static void info_reply(struct hs_out *out, uint32_t opt, uint16_t type,
+                       const void *body, size_t blen) {
+  uint8_t t[2];
+  put_be16(t, type);
+  reply(out, opt, NBD_REP_INFO, t, 2, body, blen);
+}
+
+static void send_infos(struct hs_state *hs, uint32_t opt,
+                       const struct hs_export *e, const uint8_t *reqs,
+                       uint16_t nreqs, struct hs_out *out) {
+  uint8_t body[12];
+  put_be64(body, e->size);
+  put_be16(body + 8, hs_tflags(hs, e));
+  info_reply(out, opt, NBD_INFO_EXPORT, body, 10);
+  /* Block sizes are always sent: clients that did not ask may ignore them,
+   * and min_block is 1 so nobody needs to be refused. */
+  put_be32(body, e->min_block);
+  put_be32(body + 4, e->pref_block);
+  put_be32(body + 8, e->max_block);
+  info_reply(out, opt, NBD_INFO_BLOCK_SIZE, body, 12);
+  for (uint16_t i = 0; i < nreqs; i++) {
+    uint16_t type = get_be16(reqs + 2 * i);
+    if (type == NBD_INFO_NAME)
+      info_reply(out, opt, NBD_INFO_NAME, e->name, strlen(e->name));
+    else if (type == NBD_INFO_DESCRIPTION)
+      info_reply(out, opt, NBD_INFO_DESCRIPTION, e->description,
+                 strlen(e->description));
+  }
+}
+
+static enum hs_result do_info_go(struct hs_state *hs,
+                                 const struct hs_catalog *cat, uint32_t opt,
+                                 const uint8_t *data, uint32_t len,
+                                 struct hs_out *out) {
+  if (len < 6) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "option data too short");
+    return HS_CONTINUE;
+  }
+  uint32_t nlen = get_be32(data);
+  if (nlen > NBD_MAX_STRING || (uint64_t)nlen + 6 > len) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "bad export name length");
+    return HS_CONTINUE;
+  }
+  uint16_t nreqs = get_be16(data + 4 + nlen);
+  if ((uint64_t)4 + nlen + 2 + 2ull * nreqs != len) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "bad information request count");
+    return HS_CONTINUE;
+  }
+  int idx = find_export(cat, data + 4, nlen);
+  if (idx < 0) {
+    reply_err(out, opt, NBD_REP_ERR_UNKNOWN, "no such export");
+    return HS_CONTINUE;
+  }
+  send_infos(hs, opt, &cat->v[idx], data + 4 + nlen + 2, nreqs, out);
+  reply_ack(out, opt);
+  if (opt == NBD_OPT_INFO)
+    return HS_CONTINUE;
+  /* Contexts chosen for another export do not carry over. */
+  if (hs->ctx_export != idx)
+    hs->ctx_base = hs->ctx_depth = false;
+  hs->export_index = idx;
+  hs->tflags = hs_tflags(hs, &cat->v[idx]);
+  return HS_GO;
+}
+
+static enum hs_result do_export_name(struct hs_state *hs,
+                                     const struct hs_catalog *cat,
+                                     const uint8_t *data, uint32_t len,
+                                     struct hs_out *out) {
+  int idx = find_export(cat, data, len);
+  if (idx < 0)
+    return HS_CLOSE; /* the spec leaves no way to refuse but closing */
+  const struct hs_export *e = &cat->v[idx];
+  /* Without structured replies no meta context can be used. */
+  hs->ctx_base = hs->ctx_depth = false;
+  hs->export_index = idx;
+  hs->tflags = hs_tflags(hs, e);
+  uint8_t *p = out_reserve(out, 10 + (hs->no_zeroes ? 0 : 124));
+  if (!p)
+    return HS_CLOSE;
+  put_be64(p, e->size);
+  put_be16(p + 8, hs->tflags);
+  if (!hs->no_zeroes)
+    memset(p + 10, 0, 124);
+  return HS_GO;
+}
+
+/* Meta context queries: "base:allocation", "qemu:allocation-depth", and
+ * the namespace prefixes "base:" and "qemu:" (LIST only). */
+static unsigned match_context(const uint8_t *q, uint32_t len, bool list) {
+  static const char base[] = "base:allocation",
+                    depth[] = "qemu:allocation-depth";
+  if (len == sizeof base - 1 && !memcmp(q, base, len))
+    return 1u << HS_CTX_BASE_ALLOCATION;
+  if (len == sizeof depth - 1 && !memcmp(q, depth, len))
+    return 1u << HS_CTX_ALLOCATION_DEPTH;
+  if (list && len == 5 && !memcmp(q, "base:", 5))
+    return 1u << HS_CTX_BASE_ALLOCATION;
+  if (list && len == 5 && !memcmp(q, "qemu:", 5))
+    return 1u << HS_CTX_ALLOCATION_DEPTH;
+  return 0;
+}
+
+static void send_context(struct hs_out *out, uint32_t opt, unsigned id) {
+  const char *name = id == HS_CTX_BASE_ALLOCATION ? "base:allocation"
+                                                  : "qemu:allocation-depth";
+  uint8_t b[4];
+  put_be32(b, id);
+  reply(out, opt, NBD_REP_META_CONTEXT, b, 4, name, strlen(name));
+}
+
+static void do_meta_context(struct hs_state *hs, const struct hs_catalog *cat,
+                            uint32_t opt, const uint8_t *data, uint32_t len,
+                            struct hs_out *out) {
+  bool list = opt == NBD_OPT_LIST_META_CONTEXT;
+  if (!hs->structured) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID,
+              "meta contexts need structured replies first");
+    return;
+  }
+  if (len < 8) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "option data too short");
+    return;
+  }
+  uint32_t nlen = get_be32(data);
+  if (nlen > NBD_MAX_STRING || (uint64_t)nlen + 8 > len) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "bad export name length");
+    return;
+  }
+  uint32_t nq = get_be32(data + 4 + nlen);
+  const uint8_t *q = data + 8 + nlen, *end = data + len;
+  unsigned mask = 0;
+  for (uint32_t i = 0; i < nq; i++) {
+    if (end - q < 4 || get_be32(q) > (uint64_t)(end - q - 4)) {
+      reply_err(out, opt, NBD_REP_ERR_INVALID, "malformed query list");
+      return;
+    }
+    uint32_t qlen = get_be32(q);
+    mask |= match_context(q + 4, qlen, list);
+    q += 4 + qlen;
+  }
+  if (q != end) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "trailing bytes after queries");
+    return;
+  }
+  int idx = find_export(cat, data + 4, nlen);
+  if (idx < 0) {
+    reply_err(out, opt, NBD_REP_ERR_UNKNOWN, "no such export");
+    return;
+  }
+  if (list && nq == 0)
+    mask = (1u << HS_CTX_BASE_ALLOCATION) | (1u << HS_CTX_ALLOCATION_DEPTH);
+  for (unsigned id = HS_CTX_BASE_ALLOCATION; id <= HS_CTX_ALLOCATION_DEPTH;
+       id++)
+    if (mask & (1u << id))
+      send_context(out, opt, id);
+  if (!list) {
+    hs->ctx_base = mask & (1u << HS_CTX_BASE_ALLOCATION);
+    hs->ctx_depth = mask & (1u << HS_CTX_ALLOCATION_DEPTH);
+    hs->ctx_export = idx;
+  }
+  reply_ack(out, opt);
+}
+
+static void do_structured(struct hs_state *hs, uint32_t len,
+                          struct hs_out *out) {
+  if (len != 0)
+    reply_err(out, NBD_OPT_STRUCTURED_REPLY, NBD_REP_ERR_INVALID,
+              "option takes no data");
+  else if (hs->extended)
+    reply_err(out, NBD_OPT_STRUCTURED_REPLY, NBD_REP_ERR_EXT_HEADER_REQD,
+              "extended headers are already in use");
+  else if (hs->structured)
+    reply_err(out, NBD_OPT_STRUCTURED_REPLY, NBD_REP_ERR_INVALID,
+              "structured replies already negotiated");
+  else {
+    hs->structured = true;
+    reply_ack(out, NBD_OPT_STRUCTURED_REPLY);
+  }
+}
+
+static void do_extended(struct hs_state *hs, uint32_t len, struct hs_out *out) {
+  if (len != 0)
+    reply_err(out, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_INVALID,
+              "option takes no data");
+  else if (hs->extended)
+    reply_err(out, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_INVALID,
+              "extended headers already negotiated");
+  else {
+    /* Changing the header style invalidates the contexts chosen so far. */
+    hs->extended = hs->structured = true;
+    hs->ctx_base = hs->ctx_depth = false;
+    reply_ack(out, NBD_OPT_EXTENDED_HEADERS);
+  }
+}
+
+enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
+                         uint32_t opt, const uint8_t *data, uint32_t len,
+                         struct hs_out *out) {
+  if (opt == NBD_OPT_EXPORT_NAME)
+    return do_export_name(hs, cat, data, len, out);
+  if (!hs->fixed)
+    return HS_CLOSE; /* old newstyle: no way to reject an option */
+  switch (opt) {
+  case NBD_OPT_ABORT: reply_ack(out, opt); return HS_CLOSE;
+  case NBD_OPT_LIST: do_list(cat, len, out); break;
+  case NBD_OPT_STARTTLS:
+    reply_err(out, opt, NBD_REP_ERR_POLICY, "TLS is not available");
+    break;
+  case NBD_OPT_INFO:
+  case NBD_OPT_GO: return do_info_go(hs, cat, opt, data, len, out);
+  case NBD_OPT_STRUCTURED_REPLY: do_structured(hs, len, out); break;
+  case NBD_OPT_LIST_META_CONTEXT:
+  case NBD_OPT_SET_META_CONTEXT:
+    do_meta_context(hs, cat, opt, data, len, out);
+    break;
+  case NBD_OPT_EXTENDED_HEADERS: do_extended(hs, len, out); break;
+  default: reply_err(out, opt, NBD_REP_ERR_UNSUP, "unknown option"); break;
+  }
+  return out->oom ? HS_CLOSE : HS_CONTINUE;
+}
+
+void hs_option_too_big(struct hs_state *hs, uint32_t opt, struct hs_out *out) {
+  (void)hs;
+  reply_err(out, opt, NBD_REP_ERR_TOO_BIG, "option data too large");
+}

@@ -1,0 +1,438 @@
+/* blockport serve: command line, exports, listening sockets, the accept
+ * loop and an orderly shutdown on SIGTERM/SIGINT. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "../core/log.h"
+#include "../core/pool.h"
+#include "nbd-protocol.h"
+#include "server.h"
+
+#define MAX_LISTENERS 16
+
+struct serve_opts {
+  const char *unix_path;
+  const char *port;
+  const char *bind_addr;
+  const char *pid_file;
+  const char *format;
+  bool readonly;
+  unsigned workers;
+};
+
+static const char serve_usage[] =
+    "Usage: blockport serve [OPTIONS] IMAGE...\n"
+    "Serve disk images over NBD (fixed newstyle).\n"
+    "\n"
+    "IMAGE is PATH or NAME=PATH; the first image is also the default export "
+    "\"\".\n"
+    "PATH is an image file (format probed from its content), null:SIZE\n"
+    "(reads zeroes, discards writes) or memory:SIZE (a sparse RAM disk).\n"
+    "\n"
+    "  -u, --unix PATH           listen on a Unix socket\n"
+    "  -p, --port N              listen on TCP port N (default 10809 when no "
+    "--unix)\n"
+    "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
+    "all)\n"
+    "  -r, --readonly            refuse writes on every export\n"
+    "  -f, --format FMT          image format instead of probing: raw\n"
+    "  -w, --workers N           worker threads for blocking I/O (default "
+    "16)\n"
+    "  -c, --max-connections N   refuse clients beyond N (default 128)\n"
+    "      --max-requests N      requests in flight per connection (default "
+    "256)\n"
+    "      --max-inflight-bytes SIZE  payload in flight per connection "
+    "(default 64M)\n"
+    "  -P, --pid-file FILE       write the pid once connections are accepted\n"
+    "  -v, --verbose             log every connection and option\n"
+    "  -h, --help                show this help\n";
+
+static int parse_uint(const char *s, unsigned min, unsigned max,
+                      unsigned *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || !*s || v < min || v > max)
+    return -1;
+  *out = (unsigned)v;
+  return 0;
+}
+
+/* ---- exports ---- */
+
+static int open_exports(struct server *srv, char **images, int n,
+                        const struct serve_opts *o) {
+  srv->exports = calloc((size_t)n, sizeof *srv->exports);
+  srv->hs_exports = calloc((size_t)n, sizeof *srv->hs_exports);
+  if (!srv->exports || !srv->hs_exports)
+    return -1;
+  for (int i = 0; i < n; i++) {
+    const char *img = images[i], *eq = strchr(img, '=');
+    /* NAME=PATH, unless the '=' is part of a path (after a '/'). */
+    const char *slash = strchr(img, '/');
+    bool named = eq && (!slash || eq < slash);
+    struct export *e = &srv->exports[i];
+    e->name = named ? strndup(img, (size_t)(eq - img)) : strdup("");
+    e->spec = strdup(named ? eq + 1 : img);
+    if (!named && i > 0) {
+      /* Unnamed images after the first are named after their path. */
+      free(e->name);
+      e->name = strdup(img);
+    }
+    if (!e->name || !e->spec)
+      return -1;
+    for (int j = 0; j < i; j++) {
+      if (strcmp(srv->exports[j].name, e->name) == 0) {
+        log_error("export name '%s' is used twice", e->name);
+        return -1;
+      }
+    }
+    e->bd = bd_open(e->spec, o->format, o->readonly);
+    if (!e->bd) {
+      log_error("%s", bd_errmsg());
+      return -1;
+    }
+    const struct bd_caps *cp = &e->bd->caps;
+    uint16_t f = NBD_FLAG_SEND_FLUSH;
+    if (cp->readonly)
+      f |= NBD_FLAG_READ_ONLY;
+    else
+      f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES |
+           (cp->can_fast_zero ? NBD_FLAG_SEND_FAST_ZERO : 0);
+    if (cp->multi_conn)
+      f |= NBD_FLAG_CAN_MULTI_CONN;
+    if (cp->can_cache)
+      f |= NBD_FLAG_SEND_CACHE;
+    srv->hs_exports[i] = (struct hs_export){
+        .name = e->name,
+        .description = e->bd->description,
+        .size = e->bd->size,
+        .tflags = f,
+        .min_block = cp->min_block,
+        .pref_block = cp->pref_block,
+        .max_block = cp->max_block,
+    };
+    log_info("export '%s': %s %s, %llu bytes%s", e->name, e->bd->format,
+             e->spec, (unsigned long long)e->bd->size,
+             cp->readonly ? ", read-only" : "");
+  }
+  srv->nexports = (size_t)n;
+  srv->catalog = (struct hs_catalog){srv->hs_exports, (size_t)n};
+  return 0;
+}
+
+static int close_exports(struct server *srv) {
+  int ret = 0;
+  for (size_t i = 0; i < srv->nexports; i++) {
+    struct export *e = &srv->exports[i];
+    int r = bd_close(e->bd);
+    if (r < 0) {
+      log_error("export '%s': final flush failed: %s", e->name, strerror(-r));
+      ret = -1;
+    }
+    free(e->name);
+    free(e->spec);
+  }
+  free(srv->exports);
+  free(srv->hs_exports);
+  return ret;
+}
+
+/* ---- listening ---- */
+
+static int listen_unix(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof sa.sun_path) {
+    log_error("socket path too long: %s", path);
+    return -1;
+  }
+  strcpy(sa.sun_path, path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  unlink(path);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+      listen(fd, SOMAXCONN) < 0) {
+    log_error("%s: %s", path, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                           .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_PASSIVE | AI_ADDRCONFIG};
+  struct addrinfo *res;
+  int r = getaddrinfo(addr, port, &hints, &res);
+  if (r != 0) {
+    log_error("%s port %s: %s", addr ? addr : "*", port, gai_strerror(r));
+    return -1;
+  }
+  int n = 0;
+  for (struct addrinfo *ai = res; ai && n < max; ai = ai->ai_next) {
+    int fd =
+        socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0)
+      continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (ai->ai_family == AF_INET6)
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 ||
+        listen(fd, SOMAXCONN) < 0) {
+      log_error("bind %s port %s: %s", addr ? addr : "*", port,
+                strerror(errno));
+      close(fd);
+      continue;
+    }
+    fds[n++] = fd;
+  }
+  freeaddrinfo(res);
+  return n > 0 ? n : -1;
+}
+
+static void describe_peer(int fd, const struct sockaddr_storage *ss, char *out,
+                          size_t len) {
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (ss->ss_family == AF_UNIX) {
+    snprintf(out, len, "unix:fd%d", fd);
+  } else if (getnameinfo((const struct sockaddr *)ss, sizeof *ss, host,
+                         sizeof host, serv, sizeof serv,
+                         NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    snprintf(out, len, ss->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host,
+             serv);
+  } else {
+    snprintf(out, len, "?");
+  }
+}
+
+static void accept_one(struct server *srv, int lfd) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      log_warn("accept: %s", strerror(errno));
+    return;
+  }
+  char peer[80];
+  describe_peer(fd, &ss, peer, sizeof peer);
+  pthread_mutex_lock(&srv->lock);
+  bool full = srv->nconns >= srv->limits.max_connections;
+  pthread_mutex_unlock(&srv->lock);
+  if (full) {
+    log_warn("refusing %s: %u connections already", peer,
+             srv->limits.max_connections);
+    close(fd);
+    return;
+  }
+  if (ss.ss_family != AF_UNIX) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  conn_start(srv, fd, peer);
+}
+
+static int write_pid_file(const char *path) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+      rename(tmp, path) < 0) {
+    log_error("pid file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Wait until every connection has ended, or the deadline passes. */
+static bool wait_conns(struct server *srv, int seconds) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += seconds;
+  pthread_mutex_lock(&srv->lock);
+  while (srv->nconns > 0 &&
+         pthread_cond_timedwait(&srv->cond, &srv->lock, &ts) != ETIMEDOUT)
+    ;
+  bool done = srv->nconns == 0;
+  pthread_mutex_unlock(&srv->lock);
+  return done;
+}
+
+static int run(struct server *srv, int *lfds, int nl, int sfd) {
+  struct pollfd p[MAX_LISTENERS + 1];
+  for (int i = 0; i < nl; i++)
+    p[i] = (struct pollfd){.fd = lfds[i], .events = POLLIN};
+  p[nl] = (struct pollfd){.fd = sfd, .events = POLLIN};
+  for (;;) {
+    if (poll(p, (nfds_t)nl + 1, -1) < 0) {
+      if (errno == EINTR)
+        continue;
+      log_error("poll: %s", strerror(errno));
+      return -1;
+    }
+    if (p[nl].revents & POLLIN) {
+      struct signalfd_siginfo si;
+      if (read(sfd, &si, sizeof si) == sizeof si)
+        log_info("signal %u: shutting down", si.ssi_signo);
+      return 0;
+    }
+    for (int i = 0; i < nl; i++)
+      if (p[i].revents & POLLIN)
+        accept_one(srv, lfds[i]);
+  }
+}
+
+static int parse_opts(int argc, char **argv, struct serve_opts *o,
+                      struct server_limits *lim) {
+  static const struct option longopts[] = {
+      {"unix", required_argument, NULL, 'u'},
+      {"port", required_argument, NULL, 'p'},
+      {"bind", required_argument, NULL, 'b'},
+      {"readonly", no_argument, NULL, 'r'},
+      {"format", required_argument, NULL, 'f'},
+      {"workers", required_argument, NULL, 'w'},
+      {"max-connections", required_argument, NULL, 'c'},
+      {"max-requests", required_argument, NULL, 'R'},
+      {"max-inflight-bytes", required_argument, NULL, 'B'},
+      {"pid-file", required_argument, NULL, 'P'},
+      {"verbose", no_argument, NULL, 'v'},
+      {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
+  int ch;
+  unsigned port;
+  while ((ch = getopt_long(argc, argv, "u:p:b:rf:w:c:P:vh", longopts, NULL)) !=
+         -1) {
+    switch (ch) {
+    case 'u': o->unix_path = optarg; break;
+    case 'p':
+      if (parse_uint(optarg, 0, 65535, &port) < 0)
+        goto bad;
+      o->port = optarg;
+      break;
+    case 'b': o->bind_addr = optarg; break;
+    case 'r': o->readonly = true; break;
+    case 'f': o->format = optarg; break;
+    case 'w':
+      if (parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
+        goto bad;
+      break;
+    case 'c':
+      if (parse_uint(optarg, 1, 1000000, &lim->max_connections) < 0)
+        goto bad;
+      break;
+    case 'R':
+      if (parse_uint(optarg, 1, 65536, &lim->max_requests) < 0)
+        goto bad;
+      break;
+    case 'B':
+      if (bd_parse_size(optarg, &lim->max_bytes) < 0 || lim->max_bytes == 0)
+        goto bad;
+      break;
+    case 'P': o->pid_file = optarg; break;
+    case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
+    case 'h': fputs(serve_usage, stdout); exit(0);
+    default: fputs(serve_usage, stderr); return -1;
+    }
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
+    return -1;
+  }
+  if (!o->unix_path && !o->port)
+    o->port = "10809";
+  return 0;
+bad:
+  fprintf(stderr, "blockport serve: invalid value for option: %s\n", optarg);
+  return -1;
+}
+
+int serve_main(int argc, char **argv) {
+  struct serve_opts o = {0};
+  struct server srv = {
+      .limits = {.max_connections = 128,
+                 .max_requests = 256,
+                 .max_bytes = 64ull * 1024 * 1024},
+      .lock = PTHREAD_MUTEX_INITIALIZER,
+      .cond = PTHREAD_COND_INITIALIZER,
+  };
+  if (parse_opts(argc, argv, &o, &srv.limits) < 0)
+    return 2;
+
+  /* Signals are taken through a signalfd; block them before any thread
+   * exists so every thread inherits the mask. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+
+  int ret = 1, nl = 0, lfds[MAX_LISTENERS];
+  if (open_exports(&srv, argv + optind, argc - optind, &o) < 0)
+    goto out;
+  if (bd_pool_start(o.workers) < 0) {
+    log_error("cannot start the worker pool");
+    goto out;
+  }
+  if (o.unix_path && (lfds[nl] = listen_unix(o.unix_path)) >= 0)
+    nl++;
+  else if (o.unix_path)
+    goto out;
+  if (o.port) {
+    int n = listen_tcp(o.bind_addr, o.port, lfds + nl, MAX_LISTENERS - nl);
+    if (n < 0)
+      goto out;
+    nl += n;
+  }
+  if (o.pid_file && write_pid_file(o.pid_file) < 0)
+    goto out;
+  log_info("ready: %s%s%s%s%s", o.unix_path ? "unix socket " : "",
+           o.unix_path ? o.unix_path : "", o.unix_path && o.port ? ", " : "",
+           o.port ? "tcp port " : "", o.port ? o.port : "");
+
+  ret = run(&srv, lfds, nl, sfd) < 0 ? 1 : 0;
+
+  /* Stop accepting, let requests in flight finish, then flush. */
+  for (int i = 0; i < nl; i++)
+    close(lfds[i]);
+  nl = 0;
+  if (o.unix_path)
+    unlink(o.unix_path);
+  conn_shutdown_all(&srv, SHUT_RD);
+  if (!wait_conns(&srv, 30)) {
+    log_warn("connections still busy after 30 s; closing them");
+    conn_shutdown_all(&srv, SHUT_RDWR);
+    wait_conns(&srv, 30);
+  }
+  bd_pool_stop();
+out:
+  for (int i = 0; i < nl; i++)
+    close(lfds[i]);
+  if (close_exports(&srv) < 0)
+    ret = 1;
+  if (o.pid_file)
+    unlink(o.pid_file);
+  if (sfd >= 0)
+    close(sfd);
+  return ret;
+}

@@ -1,0 +1,51 @@
+/* The NBD server: exports, connections, and the settings they share. */
+#ifndef BLOCKPORT_SERVER_H
+#define BLOCKPORT_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "handshake.h"
+
+struct bd;
+struct conn;
+
+/* One export: a name and the single opened device all its connections
+ * share (which is what makes multi-conn flushes correct). */
+struct export {
+  char *name;
+  char *spec;
+  struct bd *bd;
+};
+
+struct server_limits {
+  unsigned max_connections;
+  unsigned max_requests; /* in flight per connection */
+  uint64_t max_bytes;    /* payload bytes in flight per connection */
+};
+
+struct server {
+  struct export *exports;
+  size_t nexports;
+  struct hs_export *hs_exports;
+  struct hs_catalog catalog;
+  struct server_limits limits;
+
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* signalled when a connection ends */
+  struct conn *conns;  /* live connections */
+  unsigned nconns;
+  unsigned next_id;
+  bool shutting_down;
+};
+
+/* Take over FD (an accepted socket) and serve it on a new thread.  Returns
+ * false (and closes FD) if the connection could not be started. */
+bool conn_start(struct server *srv, int fd, const char *peer);
+/* Stop reading from every connection (HOW as for shutdown(2)). */
+void conn_shutdown_all(struct server *srv, int how);
+
+int serve_main(int argc, char **argv);
+
+#endif
