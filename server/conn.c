@@ -199,13 +199,15 @@ static bool parse_bs_payload(struct conn *c, struct nreq *n) {
   if (plen < 12 || (plen - 8) % 4 != 0)
     return false;
   n->bdr.length = get_be64(n->buf);
+  n->ctx_mask = 0;
   for (uint64_t i = 8; i < plen; i += 4) {
     uint32_t id = get_be32(n->buf + i);
-    if ((id == HS_CTX_BASE_ALLOCATION && c->ctx_base) ||
-        (id == HS_CTX_ALLOCATION_DEPTH && c->ctx_depth))
-      n->ctx_mask |= 1u << id;
-    else
+    bool known = (id == HS_CTX_BASE_ALLOCATION && c->ctx_base) ||
+                 (id == HS_CTX_ALLOCATION_DEPTH && c->ctx_depth);
+    /* The spec asks for EINVAL on unknown and on duplicate ids. */
+    if (!known || (n->ctx_mask & (1u << id)))
       return false;
+    n->ctx_mask |= 1u << id;
   }
   return true;
 }

@@ -93,7 +93,8 @@ uint16_t hs_tflags(const struct hs_state *hs, const struct hs_export *e) {
   uint16_t f = e->tflags | NBD_FLAG_HAS_FLAGS;
   if (hs->structured)
     f |= NBD_FLAG_SEND_DF;
-  if (hs->extended)
+  /* The payload form of block status only means something with contexts. */
+  if (hs->extended && (hs->ctx_base || hs->ctx_depth))
     f |= NBD_FLAG_BLOCK_STAT_PAYLOAD;
   return f;
 }
@@ -180,13 +181,16 @@ static enum hs_result do_info_go(struct hs_state *hs,
     reply_err(out, opt, NBD_REP_ERR_UNKNOWN, "no such export");
     return HS_CONTINUE;
   }
-  send_infos(hs, opt, &cat->v[idx], data + 4 + nlen + 2, nreqs, out);
+  /* Contexts chosen for another export do not carry over to this one. */
+  struct hs_state probe = *hs;
+  if (probe.ctx_export != idx)
+    probe.ctx_base = probe.ctx_depth = false;
+  send_infos(&probe, opt, &cat->v[idx], data + 4 + nlen + 2, nreqs, out);
   reply_ack(out, opt);
   if (opt == NBD_OPT_INFO)
     return HS_CONTINUE;
-  /* Contexts chosen for another export do not carry over. */
-  if (hs->ctx_export != idx)
-    hs->ctx_base = hs->ctx_depth = false;
+  hs->ctx_base = probe.ctx_base;
+  hs->ctx_depth = probe.ctx_depth;
   hs->export_index = idx;
   hs->tflags = hs_tflags(hs, &cat->v[idx]);
   return HS_GO;
