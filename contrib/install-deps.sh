@@ -1,0 +1,26 @@
+#!/bin/bash
+# Install what blockport needs to build, test and benchmark on Debian 12.
+# Idempotent; needs root (or sudo) for apt-get.
+set -euo pipefail
+PACKAGES=(
+  build-essential cmake pkg-config git
+  clang clang-format libclang-rt-14-dev   # fuzzers, formatting
+  libcriterion-dev                        # unit tests
+  libnbd-dev libnbd-bin python3-libnbd    # NBD client side, nbdinfo/nbdcopy/nbdsh
+  libfuse3-dev fuse3
+  nbdkit nbdkit-plugin-dev
+  zlib1g-dev libzstd-dev libgnutls28-dev
+  qemu-utils fio util-linux python3       # peers and test tools
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+echo "installing: ${missing[*]}"
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

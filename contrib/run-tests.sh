@@ -1,0 +1,29 @@
+#!/bin/bash
+# The whole test suite: build normally and with ASan+UBSan, run every unit
+# and integration test under both, then each fuzzer briefly.
+# Usage: contrib/run-tests.sh      (FUZZ_SECONDS=N to change the fuzz time)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+contrib/install-deps.sh
+JOBS=$(nproc)
+
+echo "== build (RelWithDebInfo)"
+cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$JOBS"
+echo "== build (ASan + UBSan)"
+cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DBLOCKPORT_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+
+status=0
+echo "== tests (RelWithDebInfo)"
+(cd build && ctest --output-on-failure -j2) || status=1
+echo "== tests (ASan + UBSan)"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+   ctest --output-on-failure -j2) || status=1
+
+if [ -x tests/fuzz/run.sh ]; then
+  echo "== fuzz (${FUZZ_SECONDS:-20} s per target)"
+  tests/fuzz/run.sh "${FUZZ_SECONDS:-20}" || status=1
+fi
+exit $status
