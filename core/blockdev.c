@@ -303,7 +303,20 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
   req->bd = bd;
   switch (bd->exec) {
   case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
-  case BD_EXEC_POOL: bd_pool_queue(req); return;
+  case BD_EXEC_POOL:
+    if (bd->ops->try_nowait && bd->conc == BD_CONC_PARALLEL &&
+        (req->cmd == BD_READ || req->cmd == BD_WRITE) &&
+        !(req->flags & BD_F_FUA)) {
+      int r = check_request(bd, req);
+      if (r == 0)
+        r = bd->ops->try_nowait(bd, req);
+      if (r != -EAGAIN) {
+        req->done(req, r);
+        return;
+      }
+    }
+    bd_pool_queue(req);
+    return;
   case BD_EXEC_ASYNC: {
     int r = check_request(bd, req);
     if (r < 0)

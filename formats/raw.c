@@ -7,10 +7,12 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../core/blockdev.h"
@@ -20,6 +22,7 @@ struct rawdev {
   int fd;
   bool is_block;
   bool can_punch, can_zero_range; /* cleared once the kernel says no */
+  atomic_bool nowait_writes;      /* cleared if RWF_NOWAIT writes fail */
 };
 
 static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
@@ -178,6 +181,26 @@ static int raw_extents(struct bd *bd, uint64_t len, uint64_t off,
   return 0;
 }
 
+/* Reads that hit the page cache, and writes the file system can take
+ * without waiting, complete in the caller's thread: no hand-off to a
+ * worker.  Anything short or refused goes to the pool whole (repeating a
+ * read or a write of the same bytes is harmless). */
+static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
+  struct rawdev *r = bd->priv;
+  struct iovec iov = {req->buf, req->length};
+  ssize_t n;
+  if (req->cmd == BD_READ) {
+    n = preadv2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
+  } else {
+    if (!atomic_load_explicit(&r->nowait_writes, memory_order_relaxed))
+      return -EAGAIN;
+    n = pwritev2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
+    if (n < 0 && errno == EOPNOTSUPP)
+      atomic_store(&r->nowait_writes, false);
+  }
+  return n == (ssize_t)req->length ? 0 : -EAGAIN;
+}
+
 static void raw_close(struct bd *bd) {
   struct rawdev *r = bd->priv;
   close(r->fd);
@@ -193,6 +216,7 @@ static const struct bd_ops raw_ops = {
     .zero = raw_zero,
     .cache = raw_cache,
     .extents = raw_extents,
+    .try_nowait = raw_try_nowait,
     .close = raw_close,
 };
 
@@ -222,6 +246,7 @@ struct bd *raw_open(const char *path, bool readonly) {
   r->fd = fd;
   r->is_block = S_ISBLK(st.st_mode);
   r->can_punch = r->can_zero_range = true;
+  atomic_init(&r->nowait_writes, true);
   bd->priv = r;
   bd->size = (uint64_t)size;
   bd->exec = BD_EXEC_POOL;
