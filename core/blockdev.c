@@ -48,7 +48,7 @@ int bd_parse_size(const char *s, uint64_t *out) {
     default: return -EINVAL;
     }
     end++;
-    if (*end == 'i' && end[1] == 'B')
+    if (shift && *end == 'i' && end[1] == 'B')
       end += 2;
     else if (toupper((unsigned char)*end) == 'B' && shift)
       end++;

@@ -1,0 +1,180 @@
+/* libFuzzer target: the NBD option haggling (server/handshake.c).
+ *
+ * The input is what a client sends after the server's greeting: 4 bytes of
+ * client flags, then options [IHAVEOPT, u32 option, u32 length, data].  Each
+ * option is handed to hs_option() the way server/conn.c does (lengths
+ * checked exactly, over-long data discarded with hs_option_too_big()) until
+ * the state machine says GO or CLOSE or the input runs out.  The replies are
+ * then checked for framing and the state for consistency. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/handshake.h"
+#include "server/nbd-protocol.h"
+#include "server/wire.h"
+
+#define CHECK(c)                                                               \
+  do {                                                                         \
+    if (!(c)) {                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
+      abort();                                                                 \
+    }                                                                          \
+  } while (0)
+
+static const struct hs_export exports[2] = {
+    {.name = "disk",
+     .description = "a writable disk",
+     .size = 1ull << 30,
+     .tflags = NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM |
+               NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO |
+               NBD_FLAG_CAN_MULTI_CONN | NBD_FLAG_SEND_CACHE,
+     .min_block = 1,
+     .pref_block = 4096,
+     .max_block = 32u * 1024 * 1024},
+    {.name = "ro",
+     .description = "",
+     .size = 12345,
+     .tflags = NBD_FLAG_SEND_FLUSH | NBD_FLAG_READ_ONLY,
+     .min_block = 1,
+     .pref_block = 512,
+     .max_block = 1u << 20},
+};
+static const struct hs_catalog catalog = {exports, 2};
+
+/* The state must be one a server can act on. */
+static void check_state(const struct hs_state *hs) {
+  if (hs->extended)
+    CHECK(hs->structured);
+  if (hs->ctx_base || hs->ctx_depth) {
+    CHECK(hs->structured);
+    CHECK(hs->ctx_export >= 0 && (size_t)hs->ctx_export < catalog.n);
+  }
+}
+
+/* Check the replies to option OPT in OUT; returns the number of replies. */
+static size_t check_replies(const struct hs_out *out, uint32_t opt,
+                            enum hs_result res) {
+  size_t off = 0, n = 0;
+  uint32_t last_type = 0;
+  while (off < out->len) {
+    CHECK(out->len - off >= 20);
+    const uint8_t *p = out->buf + off;
+    CHECK(get_be64(p) == NBD_REP_MAGIC);
+    CHECK(get_be32(p + 8) == opt);
+    uint32_t type = get_be32(p + 12), len = get_be32(p + 16);
+    CHECK(len <= out->len - off - 20);
+    const uint8_t *d = p + 20;
+    switch (type) {
+    case NBD_REP_ACK: CHECK(len == 0); break;
+    case NBD_REP_SERVER:
+      CHECK(opt == NBD_OPT_LIST);
+      CHECK(len >= 4 && get_be32(d) <= len - 4);
+      break;
+    case NBD_REP_INFO:
+      CHECK(opt == NBD_OPT_INFO || opt == NBD_OPT_GO);
+      CHECK(len >= 2);
+      switch (get_be16(d)) {
+      case NBD_INFO_EXPORT: CHECK(len == 12); break;
+      case NBD_INFO_BLOCK_SIZE: CHECK(len == 14); break;
+      case NBD_INFO_NAME:
+      case NBD_INFO_DESCRIPTION: break;
+      default: CHECK(!"unknown info type");
+      }
+      break;
+    case NBD_REP_META_CONTEXT:
+      CHECK(opt == NBD_OPT_LIST_META_CONTEXT ||
+            opt == NBD_OPT_SET_META_CONTEXT);
+      CHECK(len > 4);
+      CHECK(get_be32(d) == HS_CTX_BASE_ALLOCATION ||
+            get_be32(d) == HS_CTX_ALLOCATION_DEPTH);
+      break;
+    default:
+      CHECK(type & 0x80000000u);
+      CHECK(len <= NBD_MAX_STRING);
+      break;
+    }
+    last_type = type;
+    off += 20 + len;
+    n++;
+  }
+  if (res == HS_GO)
+    CHECK(n > 0 && last_type == NBD_REP_ACK);
+  return n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct hs_state hs = {0};
+  struct hs_out out = {0};
+  hs_greeting(&out);
+  CHECK(out.len == 18);
+  out.len = 0;
+  if (size < 4)
+    goto done;
+  if (!hs_client_flags(&hs, get_be32(data)))
+    goto done;
+  CHECK(hs.export_index == -1);
+  size_t pos = 4;
+  for (;;) {
+    if (size - pos < 16)
+      break;
+    if (get_be64(data + pos) != NBD_IHAVEOPT)
+      break; /* the server disconnects */
+    uint32_t opt = get_be32(data + pos + 8), len = get_be32(data + pos + 12);
+    pos += 16;
+    out.len = 0;
+    enum hs_result res;
+    if (len > HS_MAX_OPTION_DATA) {
+      if (opt == NBD_OPT_EXPORT_NAME || len > size - pos)
+        break;
+      pos += len; /* discarded unread */
+      hs_option_too_big(&hs, opt, &out);
+      res = HS_CONTINUE;
+    } else {
+      if (len > size - pos)
+        break; /* the client hung up mid-option */
+      /* An exact-size copy, so reading past the option is caught. */
+      uint8_t *opt_data = malloc(len ? len : 1);
+      CHECK(opt_data);
+      memcpy(opt_data, data + pos, len);
+      pos += len;
+      res = hs_option(&hs, &catalog, opt, opt_data, len, &out);
+      free(opt_data);
+    }
+    CHECK(!out.oom);
+    CHECK(res == HS_CONTINUE || res == HS_GO || res == HS_CLOSE);
+    check_state(&hs);
+    if (opt == NBD_OPT_EXPORT_NAME) {
+      /* No option reply: the export's size and flags, or nothing. */
+      if (res == HS_GO)
+        CHECK(out.len == (hs.no_zeroes ? 10u : 134u));
+      else
+        CHECK(res == HS_CLOSE && out.len == 0);
+    } else if (!hs.fixed) {
+      CHECK(res == HS_CLOSE && out.len == 0);
+    } else {
+      /* Every option of a fixed-newstyle client gets a reply. */
+      CHECK(check_replies(&out, opt, res) > 0);
+    }
+    if (res == HS_GO) {
+      CHECK(hs.export_index >= 0 && (size_t)hs.export_index < catalog.n);
+      const struct hs_export *e = &exports[hs.export_index];
+      CHECK(hs.tflags == hs_tflags(&hs, e));
+      CHECK((hs.tflags & e->tflags) == e->tflags);
+      CHECK(hs.tflags & NBD_FLAG_HAS_FLAGS);
+      CHECK(!!(hs.tflags & NBD_FLAG_SEND_DF) == hs.structured);
+      if (hs.tflags & NBD_FLAG_BLOCK_STAT_PAYLOAD)
+        CHECK(hs.extended);
+      if (hs.ctx_base || hs.ctx_depth)
+        CHECK(hs.ctx_export == hs.export_index);
+      if (opt == NBD_OPT_EXPORT_NAME)
+        CHECK(get_be64(out.buf) == e->size &&
+              get_be16(out.buf + 8) == hs.tflags);
+    }
+    if (res != HS_CONTINUE)
+      break;
+  }
+done:
+  hs_out_free(&out);
+  return 0;
+}
