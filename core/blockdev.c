@@ -152,10 +152,11 @@ static const char *probe_format(const char *path) {
 struct bd *bd_open(const char *spec, const char *format, bool readonly) {
   errbuf[0] = 0;
   struct bd *bd = NULL;
-  if (strncmp(spec, "null:", 5) == 0 && (!format || !strcmp(format, "null")))
+  /* null:SIZE and memory:SIZE name devices, whatever --format says; a file
+   * with such a name can be given as ./null:1G. */
+  if (strncmp(spec, "null:", 5) == 0)
     bd = null_open(spec + 5);
-  else if (strncmp(spec, "memory:", 7) == 0 &&
-           (!format || !strcmp(format, "memory")))
+  else if (strncmp(spec, "memory:", 7) == 0)
     bd = memory_open(spec + 7);
   else {
     const char *fmt = format ? format : probe_format(spec);

@@ -420,6 +420,11 @@ static void stop_reading(struct conn *c) {
 static void transmission(struct conn *c) {
   fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
   for (;;) {
+    pthread_mutex_lock(&c->lock);
+    bool dead = c->dead;
+    pthread_mutex_unlock(&c->lock);
+    if (dead && !c->eof)
+      stop_reading(c); /* nobody will hear the replies: stop taking work */
     send_cork(c);
     process_input(c);
     send_uncork(c);

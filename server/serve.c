@@ -88,6 +88,7 @@ static int open_exports(struct server *srv, char **images, int n,
     const char *slash = strchr(img, '/');
     bool named = eq && (!slash || eq < slash);
     struct export *e = &srv->exports[i];
+    srv->nexports = (size_t)i + 1; /* so close_exports() frees it on error */
     e->name = named ? strndup(img, (size_t)(eq - img)) : strdup("");
     e->spec = strdup(named ? eq + 1 : img);
     if (!named && i > 0) {
@@ -132,7 +133,6 @@ static int open_exports(struct server *srv, char **images, int n,
              e->spec, (unsigned long long)e->bd->size,
              cp->readonly ? ", read-only" : "");
   }
-  srv->nexports = (size_t)n;
   srv->catalog = (struct hs_catalog){srv->hs_exports, (size_t)n};
   return 0;
 }
@@ -156,6 +156,29 @@ static int close_exports(struct server *srv) {
 
 /* ---- listening ---- */
 
+/* Remove a socket left by a server that is gone; refuse to touch anything
+ * else at PATH, and a socket somebody still listens on. */
+static int remove_stale_socket(const char *path, const struct sockaddr_un *sa) {
+  struct stat st;
+  if (lstat(path, &st) < 0)
+    return 0;
+  if (!S_ISSOCK(st.st_mode)) {
+    log_error("%s exists and is not a socket; not replacing it", path);
+    return -1;
+  }
+  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool live = probe >= 0 &&
+              connect(probe, (const struct sockaddr *)sa, sizeof *sa) == 0;
+  if (probe >= 0)
+    close(probe);
+  if (live) {
+    log_error("%s: another server is listening there", path);
+    return -1;
+  }
+  unlink(path);
+  return 0;
+}
+
 static int listen_unix(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {
@@ -166,7 +189,10 @@ static int listen_unix(const char *path) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
-  unlink(path);
+  if (remove_stale_socket(path, &sa) < 0) {
+    close(fd);
+    return -1;
+  }
   if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
       listen(fd, SOMAXCONN) < 0) {
     log_error("%s: %s", path, strerror(errno));
@@ -388,16 +414,19 @@ int serve_main(int argc, char **argv) {
   int sfd = signalfd(-1, &set, SFD_CLOEXEC);
 
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
+  bool bound_unix = false;
   if (open_exports(&srv, argv + optind, argc - optind, &o) < 0)
     goto out;
   if (bd_pool_start(o.workers) < 0) {
     log_error("cannot start the worker pool");
     goto out;
   }
-  if (o.unix_path && (lfds[nl] = listen_unix(o.unix_path)) >= 0)
+  if (o.unix_path) {
+    if ((lfds[nl] = listen_unix(o.unix_path)) < 0)
+      goto out;
     nl++;
-  else if (o.unix_path)
-    goto out;
+    bound_unix = true;
+  }
   if (o.port) {
     int n = listen_tcp(o.bind_addr, o.port, lfds + nl, MAX_LISTENERS - nl);
     if (n < 0)
@@ -416,8 +445,6 @@ int serve_main(int argc, char **argv) {
   for (int i = 0; i < nl; i++)
     close(lfds[i]);
   nl = 0;
-  if (o.unix_path)
-    unlink(o.unix_path);
   conn_shutdown_all(&srv, SHUT_RD);
   if (!wait_conns(&srv, 30)) {
     log_warn("connections still busy after 30 s; closing them");
@@ -428,6 +455,8 @@ int serve_main(int argc, char **argv) {
 out:
   for (int i = 0; i < nl; i++)
     close(lfds[i]);
+  if (bound_unix)
+    unlink(o.unix_path);
   if (close_exports(&srv) < 0)
     ret = 1;
   if (o.pid_file)

@@ -67,6 +67,12 @@ uint32_t nbd_validate_request(const struct nbd_tx *tx,
     *msg = "unknown command";
     return NBD_EINVAL;
   }
+  /* Read-only first: a write with FUA on a read-only export is refused for
+   * being a write, not for the FUA flag (not advertised there). */
+  if (is_write(type) && (tx->tflags & NBD_FLAG_READ_ONLY)) {
+    *msg = "the export is read-only";
+    return NBD_EPERM;
+  }
   if (req->flags & ~allowed_flags(tx, type)) {
     *msg = "command flags not valid for this command";
     return NBD_EINVAL;
@@ -87,10 +93,6 @@ uint32_t nbd_validate_request(const struct nbd_tx *tx,
   if (type == NBD_CMD_BLOCK_STATUS && tx->ncontexts == 0) {
     *msg = "no meta context was negotiated";
     return NBD_EINVAL;
-  }
-  if (is_write(type) && (tx->tflags & NBD_FLAG_READ_ONLY)) {
-    *msg = "the export is read-only";
-    return NBD_EPERM;
   }
   if (type == NBD_CMD_FLUSH)
     return 0;

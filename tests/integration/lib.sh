@@ -1,0 +1,347 @@
+# Shared helpers for blockport integration tests.  Source it from a test:
+#
+#   #!/bin/bash
+#   source "$(dirname "$0")/lib.sh"
+#   require qemu-img
+#   start_server "$T/disk.img"
+#   ...
+#   stop_server
+#
+# Exit codes follow the automake/ctest convention: 0 pass, 1 fail, 77 skip.
+# The binary under test is taken from $BLOCKPORT.
+#
+# Provides:
+#   T            private temporary directory, removed on exit
+#   PY           a python3 that has the libnbd "nbd" module (/usr/bin/python3)
+#   require CMD...            skip (77) unless every CMD is available
+#   fail MSG...               print MSG and exit 1
+#   fail_soft MSG...          record a failure, keep going; the test exits 1
+#                             at the end (use for independent checks)
+#   skip MSG...               print MSG and exit 77
+#   check MSG...              print "CHECK: MSG" (what is being tested)
+#   ok MSG...                 print "  ok: MSG"
+#   run CMD...                print and run CMD with a timeout
+#   start_server [ARGS...]    serve on a unix socket; sets SOCK URI SERVER_PID
+#   start_server_tcp [ARGS...] serve on a free 127.0.0.1 port; sets PORT URI
+#                             SERVER_PID
+#   export_uri NAME           URI of export NAME on the current server
+#   server_alive              true if the current server process still runs
+#   stop_server [SIG]         SIGTERM (or SIG) the server, require exit
+#                             status 0 and no sanitizer report in its log
+#   check_sanitizer_reports FILE  fail on ASan/LSan/UBSan/TSan reports in FILE
+#   track_pid PID             kill PID (and wait) on exit
+#   random_file FILE MIB      FILE of MIB MiB of random data
+#
+# Everything is safe under `set -euo pipefail`.
+
+# shellcheck shell=bash disable=SC2034
+set -euo pipefail
+
+# Reset so "set -u" is happy and the caller's environment cannot leak in.
+SERVER_PID=
+SOCK=
+PORT=
+URI=
+_TRACKED_PIDS=()
+_SOFT_FAILURES=()
+
+PY=/usr/bin/python3
+# Timeout (seconds) for individual client commands run through `run`.
+: "${CMD_TIMEOUT:=120}"
+# Seconds to wait for the server's pid file.
+: "${SERVER_START_TIMEOUT:=10}"
+# Seconds to wait for the server to exit after SIGTERM.
+: "${SERVER_STOP_TIMEOUT:=30}"
+
+_lib_name=$(basename "$0")
+
+fail() {
+    echo "FAIL [$_lib_name]: $*" >&2
+    exit 1
+}
+
+fail_soft() {
+    echo "FAIL (continuing) [$_lib_name]: $*" >&2
+    _SOFT_FAILURES+=("$*")
+}
+
+skip() {
+    echo "SKIP [$_lib_name]: $*" >&2
+    exit 77
+}
+
+check() {
+    echo "CHECK: $*"
+}
+
+ok() {
+    echo "  ok: $*"
+}
+
+# Is PID a live (non-zombie) process?
+_pid_alive() {
+    local pid=$1 state
+    [[ -n $pid ]] || return 1
+    [[ -r /proc/$pid/stat ]] || return 1
+    # Field 3 of /proc/PID/stat is the state; the command name (field 2)
+    # may contain spaces, so strip up to the last ')'.
+    state=$(sed -e 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) \
+        || return 1
+    [[ -n $state && $state != Z && $state != X ]]
+}
+
+server_alive() {
+    _pid_alive "$SERVER_PID"
+}
+
+track_pid() {
+    _TRACKED_PIDS+=("$1")
+}
+
+_dump_log() {
+    if [[ -n ${T:-} && -s $T/server.log ]]; then
+        echo "---- server log ($T/server.log, last 60 lines) ----" >&2
+        tail -n 60 "$T/server.log" >&2 || true
+        echo "---- end of server log ----" >&2
+    fi
+}
+
+_cleanup() {
+    local rc=$?
+    set +e
+    if [[ ${#_SOFT_FAILURES[@]} -gt 0 && ( $rc -eq 0 || $rc -eq 77 ) ]]; then
+        echo "FAIL [$_lib_name]: ${#_SOFT_FAILURES[@]} check(s) failed:" >&2
+        printf '  - %s\n' "${_SOFT_FAILURES[@]}" >&2
+        rc=1
+    fi
+    local p
+    for p in "${_TRACKED_PIDS[@]}"; do
+        _pid_alive "$p" && kill -TERM "$p" 2>/dev/null
+    done
+    for p in "${_TRACKED_PIDS[@]}"; do
+        local j
+        for ((j = 0; j < 20; j++)); do
+            _pid_alive "$p" || break
+            sleep 0.1
+        done
+        _pid_alive "$p" && kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    if [[ -n $SERVER_PID ]] && _pid_alive "$SERVER_PID"; then
+        kill -TERM "$SERVER_PID" 2>/dev/null
+        local i
+        for ((i = 0; i < 50; i++)); do
+            _pid_alive "$SERVER_PID" || break
+            sleep 0.1
+        done
+        _pid_alive "$SERVER_PID" && kill -KILL "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+    fi
+    if [[ $rc -ne 0 && $rc -ne 77 ]]; then
+        _dump_log
+    fi
+    if [[ -n ${T:-} && -d $T ]]; then
+        if [[ -n ${KEEP_TMP:-} ]]; then
+            echo "keeping $T" >&2
+        else
+            rm -rf "$T"
+        fi
+    fi
+    exit $rc
+}
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/blockport-it.XXXXXX")
+trap _cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+require() {
+    local c
+    for c in "$@"; do
+        command -v "$c" >/dev/null 2>&1 || skip "required command '$c' not found"
+    done
+}
+
+require_py_nbd() {
+    [[ -x $PY ]] || skip "$PY not found"
+    "$PY" -c 'import nbd' 2>/dev/null || skip "$PY lacks the nbd (libnbd) module"
+}
+
+if [[ -z ${BLOCKPORT:-} ]]; then
+    skip "BLOCKPORT is not set"
+fi
+if [[ ! -x $BLOCKPORT || -d $BLOCKPORT ]]; then
+    skip "BLOCKPORT=$BLOCKPORT is not an executable file"
+fi
+
+# nbdsh runs "python3 -m nbd" with whatever python3 comes first on PATH,
+# which may be one without the libnbd bindings.  Shadow it with a wrapper
+# that uses $PY.
+if [[ -x $PY ]] && command -v nbdsh >/dev/null 2>&1; then
+    mkdir -p "$T/bin"
+    printf '#!/bin/bash\nexec -a nbdsh %q -m nbd "$@"\n' "$PY" >"$T/bin/nbdsh"
+    chmod +x "$T/bin/nbdsh"
+    PATH=$T/bin:$PATH
+fi
+
+run() {
+    echo "+ $*" >&2
+    timeout --kill-after=5 "$CMD_TIMEOUT" "$@"
+}
+
+# Start the server in the background.  Arguments after the common ones are
+# passed through (options and images).  SIGINT/SIGQUIT are reset to their
+# default dispositions: a non-interactive shell would otherwise start
+# background jobs with them ignored.
+_env_reset=()
+if env --default-signal=INT true 2>/dev/null; then
+    # shellcheck disable=SC2054
+    _env_reset=(env --default-signal=INT,QUIT)
+fi
+
+# _launch ADDR_ARGS... -- SERVE_ARGS...
+_launch() {
+    local -a addr=()
+    while [[ $1 != -- ]]; do addr+=("$1"); shift; done
+    shift
+    rm -f "$T/pid"
+    echo "+ $BLOCKPORT serve ${addr[*]} --pid-file $T/pid $*" | tee -a "$T/server.log"
+    "${_env_reset[@]}" "$BLOCKPORT" serve "${addr[@]}" --pid-file "$T/pid" "$@" \
+        </dev/null >>"$T/server.log" 2>&1 &
+    SERVER_PID=$!
+}
+
+# Wait for the pid file.  Returns 0 when up, 1 if the server died, fails the
+# test on timeout.
+_wait_started() {
+    local deadline=$((SECONDS + SERVER_START_TIMEOUT)) rc
+    while :; do
+        if [[ -s $T/pid ]]; then
+            return 0
+        fi
+        if ! _pid_alive "$SERVER_PID"; then
+            rc=0
+            wait "$SERVER_PID" || rc=$?
+            echo "server exited with status $rc before writing its pid file" >&2
+            SERVER_PID=
+            return 1
+        fi
+        if ((SECONDS >= deadline)); then
+            _dump_log
+            fail "server did not write its pid file within ${SERVER_START_TIMEOUT}s"
+        fi
+        sleep 0.05
+    done
+}
+
+_check_pid_file() {
+    local content
+    content=$(tr -d '[:space:]' <"$T/pid")
+    if [[ $content != "$SERVER_PID" ]]; then
+        # Allow a partially written file: re-read once after a moment.
+        sleep 0.2
+        content=$(tr -d '[:space:]' <"$T/pid")
+        [[ $content == "$SERVER_PID" ]] ||
+            fail "pid file contains '$content', expected server pid $SERVER_PID"
+    fi
+}
+
+start_server() {
+    [[ -z $SERVER_PID ]] || fail "start_server: a server is already running"
+    SOCK=$T/sock
+    PORT=
+    _launch --unix "$SOCK" -- "$@"
+    if ! _wait_started; then
+        _dump_log
+        fail "server failed to start"
+    fi
+    _check_pid_file
+    [[ -S $SOCK ]] || fail "pid file written but $SOCK is not a socket"
+    URI="nbd+unix:///?socket=$SOCK"
+}
+
+_free_port() {
+    "$PY" - <<'EOF'
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+EOF
+}
+
+start_server_tcp() {
+    [[ -z $SERVER_PID ]] || fail "start_server_tcp: a server is already running"
+    SOCK=
+    local attempt
+    for attempt in 1 2 3 4 5; do
+        PORT=$(_free_port)
+        _launch --bind 127.0.0.1 --port "$PORT" -- "$@"
+        if _wait_started; then
+            _check_pid_file
+            URI="nbd://127.0.0.1:$PORT"
+            return 0
+        fi
+        echo "server failed to start on port $PORT (attempt $attempt)" >&2
+        cat "$T/server.log" >&2
+    done
+    fail "could not start a TCP server"
+}
+
+# URI of a named export on the running server.
+export_uri() {
+    local name=$1
+    if [[ -n $SOCK ]]; then
+        echo "nbd+unix:///$name?socket=$SOCK"
+    else
+        echo "nbd://127.0.0.1:$PORT/$name"
+    fi
+}
+
+# Send SIGNAL (default TERM) and require exit status 0 within the timeout.
+stop_server() {
+    local sig=${1:-TERM}
+    [[ -n $SERVER_PID ]] || fail "stop_server: no server running"
+    _pid_alive "$SERVER_PID" || {
+        local rc=0
+        wait "$SERVER_PID" || rc=$?
+        SERVER_PID=
+        _dump_log
+        fail "server died before stop_server (exit status $rc)"
+    }
+    kill -"$sig" "$SERVER_PID"
+    local deadline=$((SECONDS + SERVER_STOP_TIMEOUT))
+    while _pid_alive "$SERVER_PID"; do
+        if ((SECONDS >= deadline)); then
+            kill -KILL "$SERVER_PID" 2>/dev/null || true
+            wait "$SERVER_PID" 2>/dev/null || true
+            SERVER_PID=
+            _dump_log
+            fail "server did not exit within ${SERVER_STOP_TIMEOUT}s of SIG$sig"
+        fi
+        sleep 0.05
+    done
+    local rc=0
+    wait "$SERVER_PID" || rc=$?
+    SERVER_PID=
+    if [[ $rc -ne 0 ]]; then
+        _dump_log
+        fail "server exited with status $rc after SIG$sig (expected 0)"
+    fi
+    check_sanitizer_reports "$T/server.log"
+    ok "server exited with status 0 after SIG$sig"
+}
+
+# check_sanitizer_reports FILE: fail if FILE holds an ASan/LSan/UBSan/TSan
+# report (UBSan and halt_on_error=0 builds keep running after a report).
+check_sanitizer_reports() {
+    if grep -qE 'ERROR: (Address|Leak|Thread|Memory)Sanitizer|runtime error:|WARNING: ThreadSanitizer' "$1"; then
+        grep -nE -A20 'ERROR: (Address|Leak|Thread|Memory)Sanitizer|runtime error:|WARNING: ThreadSanitizer' "$1" | head -60 >&2
+        fail "sanitizer report in $1"
+    fi
+}
+
+# random_file FILE MIB
+random_file() {
+    head -c "$(($2 * 1024 * 1024))" /dev/urandom >"$1"
+}
