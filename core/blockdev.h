@@ -121,8 +121,9 @@ struct bd_ops {
   int (*extents)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
                  struct bd_extents *ext);
   /* Optional, BD_EXEC_POOL sources: try a read or write in the submitting
-   * thread without blocking (say, from the page cache).  Returns -EAGAIN
-   * when it would block, and the core queues the request to the pool. */
+   * thread when it needs no device I/O (say, from the page cache), taking
+   * microseconds.  Returns -EAGAIN when it would wait for the device, and
+   * the core queues the request to the pool. */
   int (*try_nowait)(struct bd *bd, struct bd_req *req);
   /* BD_EXEC_ASYNC sources only: start the request, call bd_complete(). */
   void (*submit)(struct bd *bd, struct bd_req *req);

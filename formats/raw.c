@@ -181,22 +181,32 @@ static int raw_extents(struct bd *bd, uint64_t len, uint64_t off,
   return 0;
 }
 
-/* Reads that hit the page cache, and writes the file system can take
- * without waiting, complete in the caller's thread: no hand-off to a
- * worker.  Anything short or refused goes to the pool whole (repeating a
- * read or a write of the same bytes is harmless). */
+/* Page-cache I/O completes in the caller's thread, with no hand-off to a
+ * worker: reads with RWF_NOWAIT (the kernel refuses instead of waiting for
+ * the disk), writes with RWF_NOWAIT where the file system supports it.
+ * Where it does not (ext4 buffered writes), small page-aligned writes are
+ * done directly: they only copy into the page cache, needing no read of
+ * the old page; the one wait they can meet is the kernel's dirty-page
+ * throttling, which is back-pressure from the disk anyway.  Anything
+ * short or refused goes to the pool whole (repeating a read, or a write
+ * of the same bytes, is harmless). */
+#define INLINE_WRITE_MAX (64 * 1024)
+
 static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
   struct rawdev *r = bd->priv;
   struct iovec iov = {req->buf, req->length};
   ssize_t n;
   if (req->cmd == BD_READ) {
     n = preadv2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
-  } else {
-    if (!atomic_load_explicit(&r->nowait_writes, memory_order_relaxed))
-      return -EAGAIN;
+  } else if (atomic_load_explicit(&r->nowait_writes, memory_order_relaxed)) {
     n = pwritev2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
     if (n < 0 && errno == EOPNOTSUPP)
       atomic_store(&r->nowait_writes, false);
+  } else if (req->length <= INLINE_WRITE_MAX && !r->is_block &&
+             (req->offset | req->length) % 4096 == 0) {
+    n = pwrite(r->fd, req->buf, req->length, (off_t)req->offset);
+  } else {
+    return -EAGAIN;
   }
   return n == (ssize_t)req->length ? 0 : -EAGAIN;
 }
