@@ -1338,6 +1338,37 @@ def sigterm_with_open_connections(t):
 
 
 @case
+def client_never_reads_replies(t):
+    """A client that queues many large reads and never reads a reply must
+    cost the others nothing: its replies wait in its own socket."""
+    size = 64 << 20
+    data = pattern(1 << 20, 91)
+    img = make_file(t, "busy.img", size,
+                    [(i << 20, data) for i in range(size >> 20)])
+    with Server(t, [img], options=["--workers", "2"]) as s:
+        a = s.client(extended=True)
+        # 120 reads: past the server's 64 MiB in-flight budget, so it also
+        # stops reading A; few enough that A's own sends do not block.
+        for i in range(120):
+            a.send_request(nw.NBD_CMD_READ, (i % 64) << 20, 1 << 20,
+                           track=False)
+        b = s.client(extended=True)
+        t0 = time.monotonic()
+        for i in range(50):
+            ok_reply(b.write(i * 4096, pattern(4096, i)), "write on B")
+            r = ok_reply(b.read(i * 4096, 4096), "read on B")
+            check(r.content() == pattern(4096, i), "data on B")
+        check(time.monotonic() - t0 < 5, "B was slowed down by A: %.1f s"
+              % (time.monotonic() - t0))
+        c = s.client()
+        ok_reply(c.read(size - 4096, 4096), "read on a third connection")
+        a.close()
+        ok_reply(b.flush(), "flush on B after A went away")
+        b.disconnect()
+        c.disconnect()
+
+
+@case
 def tcp_listener(t):
     import socket
     probe = socket.socket()
