@@ -129,11 +129,24 @@ struct bd *bd_new(const struct bd_ops *ops, const char *format,
   }
   bd->exec = BD_EXEC_POOL;
   bd->conc = BD_CONC_PARALLEL;
-  bd->caps.min_block = 1;
-  bd->caps.pref_block = 4096;
-  bd->caps.max_block = BD_MAX_IO;
+  bd->caps = bd_caps_full();
   pthread_mutex_init(&bd->serial_lock, NULL);
   return bd;
+}
+
+struct bd_caps bd_caps_full(void) {
+  return (struct bd_caps){.can_trim = true,
+                          .can_zero = true,
+                          .can_fast_zero = true,
+                          .can_fua = true,
+                          .native_fua = true,
+                          .can_flush = true,
+                          .can_cache = true,
+                          .can_extents = true,
+                          .multi_conn = true,
+                          .min_block = 1,
+                          .pref_block = 4096,
+                          .max_block = BD_MAX_IO};
 }
 
 /* Content probe: the magic numbers of the formats we know. */

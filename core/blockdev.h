@@ -167,6 +167,10 @@ int bd_close(struct bd *bd);
 struct bd *bd_new(const struct bd_ops *ops, const char *format,
                   const char *description);
 
+/* Every capability, 1-byte granularity, 4 KiB preferred and BD_MAX_IO
+ * maximum block size: sources start from this and clear what they lack. */
+struct bd_caps bd_caps_full(void); /* bd_new() starts from it */
+
 /* Submit a request; see the contract above. */
 void bd_submit(struct bd *bd, struct bd_req *req);
 /* Run a request to completion in the calling thread. Returns 0 or -errno. */

@@ -117,12 +117,17 @@ unsigned bd_pool_size(void) {
 }
 
 void bd_pool_queue(struct bd_req *req) {
-  if (!pool.started && bd_pool_start(0) < 0) {
-    req->done(req, -EAGAIN);
-    return;
-  }
   req->next = NULL;
   pthread_mutex_lock(&pool.lock);
+  if (!pool.started) {
+    /* Nobody started the pool: start the default one. */
+    pthread_mutex_unlock(&pool.lock);
+    if (bd_pool_start(0) < 0) {
+      req->done(req, -EAGAIN);
+      return;
+    }
+    pthread_mutex_lock(&pool.lock);
+  }
   *pool.tail = req;
   pool.tail = &req->next;
   pool.queued++;

@@ -206,17 +206,5 @@ struct bd *memory_open(const char *size) {
   bd->priv = m;
   bd->size = sz;
   bd->exec = BD_EXEC_INLINE;
-  bd->caps = (struct bd_caps){.can_trim = true,
-                              .can_zero = true,
-                              .can_fast_zero = true,
-                              .can_fua = true,
-                              .native_fua = true,
-                              .can_flush = true,
-                              .can_cache = true,
-                              .can_extents = true,
-                              .multi_conn = true,
-                              .min_block = 1,
-                              .pref_block = 4096,
-                              .max_block = BD_MAX_IO};
   return bd;
 }

@@ -260,18 +260,7 @@ struct bd *raw_open(const char *path, bool readonly) {
   bd->priv = r;
   bd->size = (uint64_t)size;
   bd->exec = BD_EXEC_POOL;
-  bd->caps = (struct bd_caps){.readonly = readonly,
-                              .can_trim = true,
-                              .can_zero = true,
-                              .can_fast_zero = true,
-                              .can_fua = true,
-                              .native_fua = true,
-                              .can_flush = true,
-                              .can_cache = true,
-                              .can_extents = !r->is_block,
-                              .multi_conn = true,
-                              .min_block = 1,
-                              .pref_block = 4096,
-                              .max_block = BD_MAX_IO};
+  bd->caps.readonly = readonly;
+  bd->caps.can_extents = !r->is_block; /* no SEEK_DATA on devices */
   return bd;
 }
