@@ -150,7 +150,7 @@ struct bd_caps bd_caps_full(void) {
 }
 
 /* Content probe: the magic numbers of the formats we know. */
-static const char *probe_format(const char *path) {
+const char *bd_probe_format(const char *path) {
   unsigned char magic[4] = {0};
   FILE *f = fopen(path, "rb");
   if (!f)
@@ -172,15 +172,13 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
   else if (strncmp(spec, "memory:", 7) == 0)
     bd = memory_open(spec + 7);
   else {
-    const char *fmt = format ? format : probe_format(spec);
+    const char *fmt = format ? format : bd_probe_format(spec);
     if (!strcmp(fmt, "raw"))
       bd = raw_open(spec, readonly);
     else if (!strcmp(fmt, "null") || !strcmp(fmt, "memory"))
       bd_set_error("format '%s' takes a size: use %s:SIZE", fmt, fmt);
     else if (!strcmp(fmt, "qcow2"))
-      bd_set_error("%s: qcow2 images are not supported by this version; "
-                   "use --format raw to serve the file's bytes as they are",
-                   spec);
+      bd = qcow2_open(spec, readonly);
     else
       bd_set_error("unknown format '%s'", fmt);
   }

@@ -157,6 +157,9 @@ struct bd_req {
   struct bd_req *next; /* queue link, owned by the core while in flight */
 };
 
+/* The format of the image at PATH by its content: "qcow2" or "raw". */
+const char *bd_probe_format(const char *path);
+
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE".  FORMAT is NULL
  * to probe by content.  Returns NULL with a message in bd_errmsg(). */
 struct bd *bd_open(const char *spec, const char *format, bool readonly);

@@ -10,5 +10,6 @@ struct bd;
 struct bd *raw_open(const char *path, bool readonly);
 struct bd *null_open(const char *size);
 struct bd *memory_open(const char *size);
+struct bd *qcow2_open(const char *path, bool readonly);
 
 #endif

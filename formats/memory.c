@@ -146,8 +146,8 @@ static int mem_extents(struct bd *bd, uint64_t len, uint64_t off,
   FOR_EACH_PIECE(off, len, chunk, coff, n) {
     (void)coff;
     bool data = chunk_get(m, chunk, false) != NULL;
-    r = bd_extents_add(ext, n, data ? 0 : BD_EXT_HOLE | BD_EXT_ZERO,
-                       data ? 1 : 0);
+    /* Depth 1 either way: this device provides every byte itself. */
+    r = bd_extents_add(ext, n, data ? 0 : BD_EXT_HOLE | BD_EXT_ZERO, 1);
     if (r != 0 || ((flags & BD_F_REQ_ONE) && ext->n > 1))
       break;
   }

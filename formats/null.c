@@ -33,7 +33,7 @@ static int null_zero(struct bd *bd, uint64_t len, uint64_t off,
 static int null_extents(struct bd *bd, uint64_t len, uint64_t off,
                         uint32_t flags, struct bd_extents *ext) {
   (void)bd, (void)off, (void)flags;
-  int r = bd_extents_add(ext, len, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+  int r = bd_extents_add(ext, len, BD_EXT_HOLE | BD_EXT_ZERO, 1);
   return r < 0 ? r : 0;
 }
 

@@ -167,7 +167,7 @@ static int raw_extents(struct bd *bd, uint64_t len, uint64_t off,
     uint64_t d = (uint64_t)data < end ? (uint64_t)data : end;
     int ret = 0;
     if (d > off)
-      ret = bd_extents_add(ext, d - off, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+      ret = bd_extents_add(ext, d - off, BD_EXT_HOLE | BD_EXT_ZERO, 1);
     off = d;
     if (ret != 0 || off >= end || ((flags & BD_F_REQ_ONE) && ext->n > 0))
       return ret < 0 ? ret : 0;

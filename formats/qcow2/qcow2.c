@@ -1,0 +1,492 @@
+/* qcow2 as a block device: open (header, L1, backing chain, external data
+ * file), reads and block status.  Reads of allocated clusters take no
+ * image-wide lock: an L2 lookup pins one cached slice, and data is read
+ * with pread outside any lock.
+ *
+ * This version serves qcow2 read-only; a writable open is refused. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../core/blockdev.h"
+#include "../../core/log.h"
+#include "../../server/wire.h"
+#include "../formats.h"
+#include "qcow2-internal.h"
+
+#define L2_CACHE_BYTES (32u * 1024 * 1024)
+#define MAX_CHAIN 256
+
+/* ---- I/O helpers ---- */
+
+/* Read LEN bytes at OFF; what lies past the end of the file reads as
+ * zeroes. */
+static int pread_zero(int fd, void *buf, size_t len, uint64_t off) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    if (n == 0) {
+      memset(p, 0, len);
+      return 0;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int corrupt(struct qcow2dev *q, const char *what, uint64_t value) {
+  bd_set_error("qcow2 %s: corrupt image: %s (0x%llx)", q->path, what,
+               (unsigned long long)value);
+  log_warn("%s", bd_errmsg());
+  return -EIO;
+}
+
+/* ---- mapping ---- */
+
+static int load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n) {
+  struct qcow2dev *q = ctx;
+  int r = pread_zero(q->fd, entries, n * 8, key);
+  if (r < 0)
+    return r;
+  for (size_t i = 0; i < n; i++)
+    entries[i] = get_be64((const uint8_t *)&entries[i]);
+  return 0;
+}
+
+/* The run of one kind that starts at guest offset OFF, at most LEN long. */
+static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
+                   struct qcow2_run *run) {
+  uint64_t cluster = off >> q->h.cluster_bits;
+  uint64_t l1i = cluster >> q->l2_bits;
+  uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
+  uint32_t in = (uint32_t)(off & (q->csize - 1));
+  uint64_t l1e = l1i < q->h.l1_size ? q->l1[l1i] : 0;
+  uint64_t l2off = l1e & QCOW2_OFFSET_MASK;
+  if (l2off == 0) {
+    /* No L2 table: the rest of its coverage is unallocated. */
+    uint64_t cover = ((l1i + 1) << (q->l2_bits + q->h.cluster_bits)) - off;
+    *run = (struct qcow2_run){QCOW2_UNALLOCATED, 0, cover < len ? cover : len,
+                              0, 0};
+    return 0;
+  }
+  if (l2off & (q->csize - 1) || l2off >= q->file_size)
+    return corrupt(q, "L2 table offset", l2off);
+  unsigned esize = q->g.extended_l2 ? 2 : 1; /* u64 words per entry */
+  uint64_t per_slice = 4096 / 8 / esize;
+  if (per_slice > (1ull << q->l2_bits))
+    per_slice = 1ull << q->l2_bits;
+  uint64_t key = l2off + (l2i / per_slice) * per_slice * esize * 8;
+  struct l2slice *pin;
+  int err = 0;
+  const uint64_t *e = l2cache_get(q->cache, key, load_slice, q, &pin, &err);
+  if (!e)
+    return err;
+  uint64_t idx = (l2i % per_slice) * esize;
+  uint64_t entry = e[idx], bitmap = esize == 2 ? e[idx + 1] : 0;
+  l2cache_put(q->cache, pin);
+  uint32_t max =
+      len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
+  int r = qcow2_decode_l2(&q->g, entry, bitmap, in, max, run);
+  if (r < 0)
+    return corrupt(q, "L2 entry", entry);
+  if (run->kind == QCOW2_DATA && run->host - in >= q->data_size &&
+      q->data_fd == q->fd)
+    return corrupt(q, "data cluster past the end of the file", run->host - in);
+  if (run->kind == QCOW2_COMPRESSED && run->coffset >= q->file_size)
+    return corrupt(q, "compressed cluster past the end of the file",
+                   run->coffset);
+  return 0;
+}
+
+/* ---- reads ---- */
+
+static int read_compressed(struct qcow2dev *q, const struct qcow2_run *run,
+                           uint32_t in, uint8_t *buf, uint64_t n) {
+  uint64_t csize = run->csize;
+  if (csize > q->file_size - run->coffset)
+    csize = q->file_size - run->coffset;
+  uint8_t *cbuf = malloc(csize ? csize : 1);
+  uint8_t *cluster = malloc(q->csize);
+  int r = cbuf && cluster ? 0 : -ENOMEM;
+  if (r == 0)
+    r = pread_zero(q->fd, cbuf, csize, run->coffset);
+  if (r == 0 &&
+      qcow2_decompress(q->h.compression_type, cbuf, csize, cluster, q->csize))
+    r = corrupt(q, "compressed cluster does not decompress", run->coffset);
+  if (r == 0)
+    memcpy(buf, cluster + in, n);
+  free(cbuf);
+  free(cluster);
+  return r;
+}
+
+static int read_backing(struct qcow2dev *q, uint8_t *buf, uint64_t n,
+                        uint64_t off) {
+  uint64_t bsize = q->backing ? q->backing->size : 0;
+  uint64_t have = off >= bsize ? 0 : bsize - off < n ? bsize - off : n;
+  if (have < n)
+    memset(buf + have, 0, n - have);
+  return have ? bd_pread(q->backing, buf, have, off) : 0;
+}
+
+static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  struct qcow2dev *q = bd->priv;
+  uint8_t *p = buf;
+  while (len > 0) {
+    struct qcow2_run run;
+    int r = map_run(q, off, len, &run);
+    if (r < 0)
+      return r;
+    uint64_t n = run.length;
+    if (run.kind == QCOW2_DATA) {
+      /* Extend over following clusters that are contiguous on the host. */
+      struct qcow2_run next;
+      while (n < len && map_run(q, off + n, len - n, &next) == 0 &&
+             next.kind == QCOW2_DATA && next.host == run.host + n)
+        n += next.length;
+      r = pread_zero(q->data_fd, p, n, run.host);
+      if (r < 0)
+        bd_set_error("qcow2 %s: read: %s", q->path, strerror(-r));
+    } else if (run.kind == QCOW2_COMPRESSED) {
+      r = read_compressed(q, &run, (uint32_t)(off & (q->csize - 1)), p, n);
+    } else if (run.kind == QCOW2_UNALLOCATED && q->backing) {
+      r = read_backing(q, p, n, off);
+    } else {
+      memset(p, 0, n);
+    }
+    if (r < 0)
+      return r;
+    p += n;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+/* ---- block status ---- */
+
+static int backing_extents(struct qcow2dev *q, uint64_t n, uint64_t off,
+                           uint32_t flags, struct bd_extents *ext) {
+  uint64_t bsize = q->backing ? q->backing->size : 0;
+  uint64_t have = off >= bsize ? 0 : bsize - off < n ? bsize - off : n;
+  if (have > 0) {
+    struct bd_extents sub;
+    bd_extents_init(&sub, off, ext->max);
+    struct bd_req req = {.cmd = BD_BLOCK_STATUS,
+                         .offset = off,
+                         .length = have,
+                         .flags = flags,
+                         .extents = &sub};
+    int r = bd_run(q->backing, &req);
+    uint64_t got = 0;
+    for (size_t i = 0; r == 0 && i < sub.n && got < have; i++) {
+      const struct bd_extent *e = &sub.v[i];
+      uint64_t l = e->length < have - got ? e->length : have - got;
+      r = bd_extents_add(ext, l, e->flags, e->depth ? e->depth + 1 : 0);
+      got += l;
+    }
+    bd_extents_free(&sub);
+    if (r != 0 || got < have)
+      return r < 0 ? r : 1; /* full, or the backing answered less */
+  }
+  if (have < n)
+    return bd_extents_add(ext, n - have, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+  return 0;
+}
+
+/* Allocated clusters whose host bytes are a hole in the file (say, after
+ * preallocation=metadata) read as zeroes: report them as allocated data
+ * that is zero, as QEMU does (NBD: ZERO without HOLE). */
+static int host_extents(struct qcow2dev *q, uint64_t host, uint64_t n,
+                        struct bd_extents *ext) {
+  uint64_t end = host + n;
+  while (host < end) {
+    off_t d = lseek(q->data_fd, (off_t)host, SEEK_DATA);
+    if (d < 0 && errno != ENXIO) /* no SEEK_DATA: call it all data */
+      return bd_extents_add(ext, end - host, 0, 1);
+    uint64_t data = d < 0 || (uint64_t)d > end ? end : (uint64_t)d;
+    int r = data > host ? bd_extents_add(ext, data - host, BD_EXT_ZERO, 1) : 0;
+    if (r != 0 || data == end)
+      return r;
+    off_t h = lseek(q->data_fd, (off_t)data, SEEK_HOLE);
+    uint64_t hole = h < 0 || (uint64_t)h > end ? end : (uint64_t)h;
+    r = bd_extents_add(ext, hole - data, 0, 1);
+    if (r != 0)
+      return r;
+    host = hole;
+  }
+  return 0;
+}
+
+static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
+                     struct bd_extents *ext) {
+  struct qcow2dev *q = bd->priv;
+  while (len > 0) {
+    struct qcow2_run run;
+    int r = map_run(q, off, len, &run);
+    if (r < 0)
+      return r;
+    uint64_t n = run.length;
+    switch (run.kind) {
+    case QCOW2_DATA: r = host_extents(q, run.host, n, ext); break;
+    case QCOW2_COMPRESSED: r = bd_extents_add(ext, n, 0, 1); break;
+    case QCOW2_ZERO:
+      r = bd_extents_add(ext, n, BD_EXT_HOLE | BD_EXT_ZERO, 1);
+      break;
+    case QCOW2_UNALLOCATED:
+      r = q->backing ? backing_extents(q, n, off, flags, ext)
+                     : bd_extents_add(ext, n, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+      break;
+    }
+    /* 1: the list is full or the backing file answered short. */
+    if (r != 0 || (flags & BD_F_REQ_ONE))
+      return r < 0 ? r : 0;
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+static int q_flush(struct bd *bd) {
+  (void)bd;
+  return 0; /* read-only: nothing to make durable */
+}
+
+static void q_close(struct bd *bd) {
+  struct qcow2dev *q = bd->priv;
+  if (q->backing)
+    bd_close(q->backing);
+  l2cache_free(q->cache);
+  free(q->l1);
+  if (q->data_fd >= 0 && q->data_fd != q->fd)
+    close(q->data_fd);
+  close(q->fd);
+  free(q->path);
+  free(q);
+}
+
+static const struct bd_ops qcow2_ops = {
+    .name = "qcow2",
+    .pread = q_pread,
+    .flush = q_flush,
+    .extents = q_extents,
+    .close = q_close,
+};
+
+/* ---- opening ---- */
+
+/* The images opened so far on the way down a backing chain, to refuse
+ * loops. */
+struct chain {
+  dev_t dev;
+  ino_t ino;
+  const struct chain *next;
+  unsigned depth;
+};
+
+static struct bd *qcow2_open_chain(const char *path, bool readonly,
+                                   const struct chain *chain);
+
+/* NAME relative to the directory of the image at PATH, as QEMU does. */
+static char *resolve_relative(const char *path, const char *name) {
+  if (name[0] == '/')
+    return strdup(name);
+  char *copy = strdup(path);
+  if (!copy)
+    return NULL;
+  char *out = NULL;
+  if (asprintf(&out, "%s/%s", dirname(copy), name) < 0)
+    out = NULL;
+  free(copy);
+  return out;
+}
+
+static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
+                               const struct chain *chain) {
+  char name[QCOW2_MAX_BACKING_NAME + 1];
+  memcpy(name, hdr + q->h.backing_offset, q->h.backing_size);
+  name[q->h.backing_size] = 0;
+  if (strstr(name, "://") || strncmp(name, "json:", 5) == 0) {
+    bd_set_error("qcow2 %s: backing file '%s' is not a local file", q->path,
+                 name);
+    return NULL;
+  }
+  char *bpath = resolve_relative(q->path, name);
+  if (!bpath) {
+    bd_set_error("out of memory");
+    return NULL;
+  }
+  const char *fmt =
+      q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
+  struct bd *b = NULL;
+  if (!strcmp(fmt, "qcow2"))
+    b = qcow2_open_chain(bpath, true, chain);
+  else if (!strcmp(fmt, "raw"))
+    b = raw_open(bpath, true);
+  else
+    bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
+                 fmt);
+  if (!b)
+    log_error("qcow2 %s: cannot open backing file %s", q->path, bpath);
+  free(bpath);
+  return b;
+}
+
+static int open_data_file(struct qcow2dev *q) {
+  q->data_fd = q->fd;
+  q->data_size = q->file_size;
+  if (!(q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE))
+    return 0;
+  if (!q->h.data_file[0]) {
+    bd_set_error("qcow2 %s: external data file without a name", q->path);
+    return -EINVAL;
+  }
+  char *dpath = resolve_relative(q->path, q->h.data_file);
+  q->data_fd = dpath ? open(dpath, O_RDONLY | O_CLOEXEC) : -1;
+  if (q->data_fd < 0) {
+    bd_set_error("qcow2 %s: data file %s: %s", q->path, dpath ? dpath : "?",
+                 strerror(errno));
+    free(dpath);
+    return -EIO;
+  }
+  free(dpath);
+  off_t sz = lseek(q->data_fd, 0, SEEK_END);
+  q->data_size = sz < 0 ? 0 : (uint64_t)sz;
+  return 0;
+}
+
+static int load_l1(struct qcow2dev *q) {
+  size_t n = q->h.l1_size;
+  q->l1 = calloc(n ? n : 1, sizeof *q->l1);
+  if (!q->l1)
+    return -ENOMEM;
+  int r = pread_zero(q->fd, q->l1, n * 8, q->h.l1_offset);
+  for (size_t i = 0; r == 0 && i < n; i++) {
+    q->l1[i] = get_be64((const uint8_t *)&q->l1[i]);
+    if (q->l1[i] & QCOW2_L1_RESERVED)
+      r = corrupt(q, "reserved bits in L1 entry", q->l1[i]);
+  }
+  return r;
+}
+
+static int read_header(struct qcow2dev *q, uint8_t **hdr) {
+  struct stat st;
+  if (fstat(q->fd, &st) < 0)
+    return -errno;
+  q->file_size = (uint64_t)st.st_size;
+  size_t len = q->file_size < (2u << 20) ? (size_t)q->file_size : (2u << 20);
+  *hdr = malloc(len ? len : 1);
+  if (!*hdr)
+    return -ENOMEM;
+  int r = pread_zero(q->fd, *hdr, len, 0);
+  char err[256];
+  if (r == 0)
+    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h, err, sizeof err);
+  if (r < 0)
+    bd_set_error("qcow2 %s: %s", q->path, err);
+  return r;
+}
+
+static int check_chain(struct qcow2dev *q, const struct chain *chain,
+                       struct chain *self) {
+  struct stat st;
+  if (fstat(q->fd, &st) < 0)
+    return -errno;
+  *self =
+      (struct chain){st.st_dev, st.st_ino, chain, chain ? chain->depth + 1 : 0};
+  for (const struct chain *c = chain; c; c = c->next) {
+    if (c->dev == st.st_dev && c->ino == st.st_ino) {
+      bd_set_error("qcow2 %s: backing file loop", q->path);
+      return -ELOOP;
+    }
+  }
+  if (self->depth >= MAX_CHAIN) {
+    bd_set_error("qcow2 %s: backing chain deeper than %d", q->path, MAX_CHAIN);
+    return -ELOOP;
+  }
+  return 0;
+}
+
+static int setup(struct qcow2dev *q, const struct chain *chain) {
+  struct chain self;
+  uint8_t *hdr = NULL;
+  int r = check_chain(q, chain, &self);
+  if (r == 0)
+    r = read_header(q, &hdr);
+  if (r == 0) {
+    q->csize = 1ull << q->h.cluster_bits;
+    q->g = (struct qcow2_geom){
+        .cluster_bits = q->h.cluster_bits,
+        .extended_l2 = q->h.incompatible & QCOW2_INCOMPAT_EXTL2,
+        .v3 = q->h.version >= 3,
+        .data_file = q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE};
+    q->l2_bits = q->h.cluster_bits - (q->g.extended_l2 ? 4 : 3);
+    size_t slice = q->csize < 4096 ? q->csize : 4096;
+    q->cache = l2cache_new(slice, L2_CACHE_BYTES);
+    r = q->cache ? load_l1(q) : -ENOMEM;
+  }
+  if (r == 0)
+    r = open_data_file(q);
+  if (r == 0 && q->h.backing_offset) {
+    q->backing = open_backing(q, hdr, &self);
+    if (!q->backing)
+      r = -EINVAL;
+  }
+  free(hdr);
+  return r;
+}
+
+static struct bd *qcow2_open_chain(const char *path, bool readonly,
+                                   const struct chain *chain) {
+  if (!readonly) {
+    bd_set_error("%s: this version serves qcow2 images read-only; use "
+                 "--readonly",
+                 path);
+    return NULL;
+  }
+  struct qcow2dev *q = calloc(1, sizeof *q);
+  if (!q || !(q->path = strdup(path))) {
+    free(q);
+    bd_set_error("out of memory");
+    return NULL;
+  }
+  q->data_fd = -1;
+  q->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (q->fd < 0) {
+    bd_set_error("%s: %s", path, strerror(errno));
+    free(q->path);
+    free(q);
+    return NULL;
+  }
+  struct bd *bd = NULL;
+  if (setup(q, chain) == 0)
+    bd = bd_new(&qcow2_ops, "qcow2", path);
+  if (!bd) {
+    struct bd tmp = {.priv = q};
+    q_close(&tmp);
+    return NULL;
+  }
+  bd->priv = q;
+  bd->size = q->h.size;
+  bd->exec = BD_EXEC_POOL;
+  bd->caps.readonly = true;
+  bd->caps.can_cache = false;
+  bd->caps.min_block = 1;
+  return bd;
+}
+
+struct bd *qcow2_open(const char *path, bool readonly) {
+  return qcow2_open_chain(path, readonly, NULL);
+}
