@@ -51,7 +51,7 @@ static const char serve_usage[] =
     "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
     "all)\n"
     "  -r, --readonly            refuse writes on every export\n"
-    "  -f, --format FMT          image format instead of probing: raw\n"
+    "  -f, --format FMT          image format instead of probing: raw, qcow2\n"
     "  -w, --workers N           worker threads for blocking I/O (default "
     "16)\n"
     "  -c, --max-connections N   refuse clients beyond N (default 128)\n"
