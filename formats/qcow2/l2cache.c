@@ -198,3 +198,16 @@ void l2cache_put(struct l2cache *c, struct l2slice *sl) {
   }
   pthread_mutex_unlock(&s->lock);
 }
+
+void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value) {
+  struct shard *s = &c->shards[shard_of(key)];
+  pthread_mutex_lock(&s->lock);
+  struct l2slice *sl = find(s, key);
+  if (sl) {
+    while (sl->loading)
+      pthread_cond_wait(&s->loaded, &s->lock);
+    if (!sl->failed)
+      __atomic_store_n(&sl->entries[i], value, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&s->lock);
+}

@@ -25,6 +25,24 @@ struct qcow2dev {
   struct l2cache *cache;
   struct bd *backing; /* NULL without a backing file */
   char *path;
+
+  /* Writing (refcount.c, write.c).  The metadata lock serialises
+   * allocation decisions and metadata updates; data I/O runs outside it. */
+  bool writable;
+  bool broken; /* metadata state unknown after a failed update: no writes */
+  pthread_mutex_t meta;
+  pthread_cond_t alloc_done;
+  struct inflight *inflight; /* guest clusters being allocated */
+  uint64_t *reftable;        /* host-endian copy of the refcount table */
+  uint64_t reftable_entries;
+  unsigned rc_bits;    /* refcount width */
+  uint64_t rb_entries; /* refcounts per block */
+  uint64_t alloc_end;  /* next host cluster to allocate */
+};
+
+struct inflight {
+  uint64_t cluster;
+  struct inflight *next;
 };
 
 /* compress.c: TYPE 0 deflate, 1 zstd.  Returns 0 or -EIO. */
@@ -41,5 +59,32 @@ typedef int l2_load_fn(void *ctx, uint64_t key, uint64_t *entries, size_t n);
 const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
                             void *ctx, struct l2slice **pin, int *err);
 void l2cache_put(struct l2cache *c, struct l2slice *pin);
+/* Update entry I of the cached slice at KEY, if cached (after a load in
+ * flight finishes, so the load cannot overwrite it). */
+void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
+
+/* qcow2.c */
+int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
+/* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
+int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                 uint64_t *entry);
+uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
+                         size_t *idx);
+
+/* refcount.c (metadata lock held) */
+int qcow2_rc_init(struct qcow2dev *q);
+int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
+int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
+int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
+int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
+int qcow2_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+
+/* write.c */
+int qcow2_open_writable(struct qcow2dev *q);
+int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+                 uint32_t flags);
+int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
+int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
+int qcow2_flush(struct bd *bd);
 
 #endif

@@ -1,9 +1,7 @@
 /* qcow2 as a block device: open (header, L1, backing chain, external data
- * file), reads and block status.  Reads of allocated clusters take no
- * image-wide lock: an L2 lookup pins one cached slice, and data is read
- * with pread outside any lock.
- *
- * This version serves qcow2 read-only; a writable open is refused. */
+ * file), reads and block status; writes are in write.c and refcount.c.
+ * Reads of allocated clusters take no image-wide lock: an L2 lookup pins
+ * one cached slice, and data is read with pread outside any lock. */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -65,46 +63,81 @@ static int load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n) {
   return 0;
 }
 
-/* The run of one kind that starts at guest offset OFF, at most LEN long. */
-static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
-                   struct qcow2_run *run) {
-  uint64_t cluster = off >> q->h.cluster_bits;
-  uint64_t l1i = cluster >> q->l2_bits;
-  uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
-  uint32_t in = (uint32_t)(off & (q->csize - 1));
-  uint64_t l1e = l1i < q->h.l1_size ? q->l1[l1i] : 0;
-  uint64_t l2off = l1e & QCOW2_OFFSET_MASK;
-  if (l2off == 0) {
-    /* No L2 table: the rest of its coverage is unallocated. */
-    uint64_t cover = ((l1i + 1) << (q->l2_bits + q->h.cluster_bits)) - off;
-    *run = (struct qcow2_run){QCOW2_UNALLOCATED, 0, cover < len ? cover : len,
-                              0, 0};
-    return 0;
-  }
-  if (l2off & (q->csize - 1) || l2off >= q->file_size)
-    return corrupt(q, "L2 table offset", l2off);
+/* The file grows as clusters are allocated; readers see the new size
+ * before any entry that points past the old one is published. */
+static uint64_t file_limit(const struct qcow2dev *q) {
+  return __atomic_load_n(&q->file_size, __ATOMIC_ACQUIRE);
+}
+
+uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
+                         size_t *idx) {
   unsigned esize = q->g.extended_l2 ? 2 : 1; /* u64 words per entry */
   uint64_t per_slice = 4096 / 8 / esize;
   if (per_slice > (1ull << q->l2_bits))
     per_slice = 1ull << q->l2_bits;
-  uint64_t key = l2off + (l2i / per_slice) * per_slice * esize * 8;
+  *idx = (size_t)((l2i % per_slice) * esize);
+  return l2off + (l2i / per_slice) * per_slice * esize * 8;
+}
+
+/* The L2 entry (and subcluster bitmap) of guest CLUSTER. */
+static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                  uint64_t *entry, uint64_t *bitmap) {
+  uint64_t l1i = cluster >> q->l2_bits;
+  uint64_t l1e =
+      l1i < q->h.l1_size ? __atomic_load_n(&q->l1[l1i], __ATOMIC_ACQUIRE) : 0;
+  *l2off = l1e & QCOW2_OFFSET_MASK;
+  *entry = *bitmap = 0;
+  if (*l2off == 0)
+    return 0;
+  if (*l2off & (q->csize - 1) || *l2off >= file_limit(q))
+    return corrupt(q, "L2 table offset", *l2off);
+  size_t idx;
+  uint64_t key =
+      qcow2_slice_key(q, *l2off, cluster & ((1ull << q->l2_bits) - 1), &idx);
   struct l2slice *pin;
   int err = 0;
   const uint64_t *e = l2cache_get(q->cache, key, load_slice, q, &pin, &err);
   if (!e)
     return err;
-  uint64_t idx = (l2i % per_slice) * esize;
-  uint64_t entry = e[idx], bitmap = esize == 2 ? e[idx + 1] : 0;
+  *entry = __atomic_load_n(&e[idx], __ATOMIC_ACQUIRE);
+  if (q->g.extended_l2)
+    *bitmap = __atomic_load_n(&e[idx + 1], __ATOMIC_ACQUIRE);
   l2cache_put(q->cache, pin);
+  return 0;
+}
+
+int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                 uint64_t *entry) {
+  uint64_t bitmap;
+  return lookup(q, cluster, l2off, entry, &bitmap);
+}
+
+/* The run of one kind that starts at guest offset OFF, at most LEN long. */
+static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
+                   struct qcow2_run *run) {
+  uint64_t cluster = off >> q->h.cluster_bits;
+  uint32_t in = (uint32_t)(off & (q->csize - 1));
+  uint64_t l2off, entry, bitmap;
+  int r = lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r < 0)
+    return r;
+  if (l2off == 0) {
+    /* No L2 table: the rest of its coverage is unallocated. */
+    uint64_t l1i = cluster >> q->l2_bits;
+    uint64_t cover = ((l1i + 1) << (q->l2_bits + q->h.cluster_bits)) - off;
+    *run = (struct qcow2_run){QCOW2_UNALLOCATED, 0, cover < len ? cover : len,
+                              0, 0};
+    return 0;
+  }
   uint32_t max =
       len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
-  int r = qcow2_decode_l2(&q->g, entry, bitmap, in, max, run);
+  r = qcow2_decode_l2(&q->g, entry, bitmap, in, max, run);
   if (r < 0)
     return corrupt(q, "L2 entry", entry);
-  if (run->kind == QCOW2_DATA && run->host - in >= q->data_size &&
-      q->data_fd == q->fd)
+  if (run->kind == QCOW2_DATA && q->data_fd == q->fd &&
+      run->host - in >= file_limit(q))
     return corrupt(q, "data cluster past the end of the file", run->host - in);
-  if (run->kind == QCOW2_COMPRESSED && run->coffset >= q->file_size)
+  if (run->kind == QCOW2_COMPRESSED && run->coffset >= file_limit(q))
     return corrupt(q, "compressed cluster past the end of the file",
                    run->coffset);
   return 0;
@@ -115,8 +148,9 @@ static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
 static int read_compressed(struct qcow2dev *q, const struct qcow2_run *run,
                            uint32_t in, uint8_t *buf, uint64_t n) {
   uint64_t csize = run->csize;
-  if (csize > q->file_size - run->coffset)
-    csize = q->file_size - run->coffset;
+  uint64_t limit = file_limit(q);
+  if (csize > limit - run->coffset)
+    csize = limit - run->coffset;
   uint8_t *cbuf = malloc(csize ? csize : 1);
   uint8_t *cluster = malloc(q->csize);
   int r = cbuf && cluster ? 0 : -ENOMEM;
@@ -141,9 +175,7 @@ static int read_backing(struct qcow2dev *q, uint8_t *buf, uint64_t n,
   return have ? bd_pread(q->backing, buf, have, off) : 0;
 }
 
-static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
-  struct qcow2dev *q = bd->priv;
-  uint8_t *p = buf;
+int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
   while (len > 0) {
     struct qcow2_run run;
     int r = map_run(q, off, len, &run);
@@ -230,6 +262,10 @@ static int host_extents(struct qcow2dev *q, uint64_t host, uint64_t n,
   return 0;
 }
 
+static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  return qcow2_read(bd->priv, buf, len, off);
+}
+
 static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
                      struct bd_extents *ext) {
   struct qcow2dev *q = bd->priv;
@@ -259,13 +295,13 @@ static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
   return 0;
 }
 
-static int q_flush(struct bd *bd) {
-  (void)bd;
-  return 0; /* read-only: nothing to make durable */
-}
-
 static void q_close(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
+  if (q->writable) {
+    pthread_mutex_destroy(&q->meta);
+    pthread_cond_destroy(&q->alloc_done);
+  }
+  free(q->reftable);
   if (q->backing)
     bd_close(q->backing);
   l2cache_free(q->cache);
@@ -280,7 +316,10 @@ static void q_close(struct bd *bd) {
 static const struct bd_ops qcow2_ops = {
     .name = "qcow2",
     .pread = q_pread,
-    .flush = q_flush,
+    .pwrite = qcow2_pwrite,
+    .flush = qcow2_flush,
+    .trim = qcow2_trim,
+    .zero = qcow2_zero,
     .extents = q_extents,
     .close = q_close,
 };
@@ -450,12 +489,6 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
 
 static struct bd *qcow2_open_chain(const char *path, bool readonly,
                                    const struct chain *chain) {
-  if (!readonly) {
-    bd_set_error("%s: this version serves qcow2 images read-only; use "
-                 "--readonly",
-                 path);
-    return NULL;
-  }
   struct qcow2dev *q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
@@ -463,7 +496,7 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   q->data_fd = -1;
-  q->fd = open(path, O_RDONLY | O_CLOEXEC);
+  q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (q->fd < 0) {
     bd_set_error("%s: %s", path, strerror(errno));
     free(q->path);
@@ -471,7 +504,7 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   struct bd *bd = NULL;
-  if (setup(q, chain) == 0)
+  if (setup(q, chain) == 0 && (readonly || qcow2_open_writable(q) == 0))
     bd = bd_new(&qcow2_ops, "qcow2", path);
   if (!bd) {
     struct bd tmp = {.priv = q};
@@ -481,9 +514,9 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
   bd->priv = q;
   bd->size = q->h.size;
   bd->exec = BD_EXEC_POOL;
-  bd->caps.readonly = true;
+  bd->caps.readonly = readonly;
   bd->caps.can_cache = false;
-  bd->caps.min_block = 1;
+  bd->caps.can_fast_zero = q->g.v3; /* the zero flag */
   return bd;
 }
 

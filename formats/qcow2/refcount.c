@@ -1,0 +1,319 @@
+/* qcow2 refcounts and host cluster allocation.  Everything here runs with
+ * the image's metadata lock held.
+ *
+ * Allocation is at the end of the image (alloc_end); freed clusters are
+ * punched out of the file and stay free.  A missing refcount block is
+ * placed at the end too, where it usually describes itself; a refcount
+ * table that is too small is copied to a larger one at the end, which the
+ * header then points at.  Each step writes what others depend on first, so
+ * an interrupted process leaves leaks at worst: a block before the table
+ * entry that points at it, a refcount before the L2 entry that uses it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../core/blockdev.h"
+#include "../../server/wire.h"
+#include "qcow2-internal.h"
+
+int qcow2_pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pwrite(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int pread_exact(int fd, void *buf, size_t len, uint64_t off) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    if (n == 0) {
+      memset(p, 0, len); /* past the end: never written, so zero */
+      return 0;
+    }
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Where the refcount of CLUSTER lives: block index, and the byte offset and
+ * bit shift of its entry inside the block. */
+static void locate(const struct qcow2dev *q, uint64_t cluster, uint64_t *ti,
+                   uint64_t *byte, unsigned *shift) {
+  uint64_t i = cluster % q->rb_entries;
+  *ti = cluster / q->rb_entries;
+  *byte = i * q->rc_bits / 8;
+  *shift = (unsigned)(i * q->rc_bits % 8);
+}
+
+/* Sub-byte refcounts are packed from the least significant bit; wider
+ * ones are big-endian. */
+static uint64_t decode_entry(const struct qcow2dev *q, const uint8_t *b,
+                             unsigned shift) {
+  if (q->rc_bits < 8)
+    return (b[0] >> shift) & ((1u << q->rc_bits) - 1);
+  uint64_t v = 0;
+  for (unsigned i = 0; i < q->rc_bits / 8; i++)
+    v = (v << 8) | b[i];
+  return v;
+}
+
+static int read_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
+                      unsigned shift, uint64_t *val) {
+  unsigned nbytes = q->rc_bits < 8 ? 1 : q->rc_bits / 8;
+  uint8_t b[8];
+  int r = pread_exact(q->fd, b, nbytes, block + byte);
+  if (r == 0)
+    *val = decode_entry(q, b, shift);
+  return r;
+}
+
+static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
+                       unsigned shift, uint64_t val) {
+  uint8_t b[8];
+  unsigned nbytes = q->rc_bits < 8 ? 1 : q->rc_bits / 8;
+  if (q->rc_bits < 8) {
+    int r = pread_exact(q->fd, b, 1, block + byte);
+    if (r < 0)
+      return r;
+    uint8_t mask = (uint8_t)(((1u << q->rc_bits) - 1) << shift);
+    b[0] = (uint8_t)((b[0] & ~mask) | ((val << shift) & mask));
+  } else {
+    for (unsigned i = 0; i < nbytes; i++)
+      b[nbytes - 1 - i] = (uint8_t)(val >> (8 * i));
+  }
+  return qcow2_pwrite_all(q->fd, b, nbytes, block + byte);
+}
+
+static uint64_t rc_max(const struct qcow2dev *q) {
+  return q->rc_bits == 64 ? UINT64_MAX : (1ull << q->rc_bits) - 1;
+}
+
+int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val) {
+  uint64_t ti, byte;
+  unsigned shift;
+  locate(q, cluster, &ti, &byte, &shift);
+  if (ti >= q->reftable_entries || q->reftable[ti] == 0) {
+    *val = 0;
+    return 0;
+  }
+  return read_entry(q, q->reftable[ti], byte, shift, val);
+}
+
+static int grow_table(struct qcow2dev *q, uint64_t need);
+
+/* Make sure a refcount block covers CLUSTER; returns its offset. */
+static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
+  if (ti >= q->reftable_entries) {
+    int r = grow_table(q, ti + 1);
+    if (r < 0)
+      return r;
+  }
+  if (q->reftable[ti]) {
+    *block = q->reftable[ti];
+    return 0;
+  }
+  /* A new block at the end of the image, zeroed; if it lies in the range
+   * it covers, it holds its own refcount. */
+  uint64_t b = q->alloc_end;
+  q->alloc_end += q->csize;
+  uint8_t *zero = calloc(1, q->csize);
+  if (!zero)
+    return -ENOMEM;
+  int r = qcow2_pwrite_all(q->fd, zero, q->csize, b);
+  free(zero);
+  if (r < 0)
+    return r;
+  uint64_t bcluster = b >> q->h.cluster_bits;
+  bool self = bcluster / q->rb_entries == ti;
+  if (self) {
+    uint64_t t2, byte;
+    unsigned shift;
+    locate(q, bcluster, &t2, &byte, &shift);
+    r = write_entry(q, b, byte, shift, 1);
+  }
+  /* The block is on disk before the table entry that points at it. */
+  if (r == 0) {
+    uint8_t e[8];
+    put_be64(e, b);
+    r = qcow2_pwrite_all(q->fd, e, 8, q->h.reftable_offset + ti * 8);
+  }
+  if (r < 0)
+    return r;
+  q->reftable[ti] = b;
+  if (!self)
+    r = qcow2_rc_update(q, bcluster, 1);
+  *block = b;
+  return r;
+}
+
+int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta) {
+  uint64_t ti, byte, block, val;
+  unsigned shift;
+  locate(q, cluster, &ti, &byte, &shift);
+  int r = ensure_block(q, ti, &block);
+  if (r == 0)
+    r = read_entry(q, block, byte, shift, &val);
+  if (r < 0)
+    return r;
+  if ((delta < 0 && val < (uint64_t)-delta) ||
+      (delta > 0 && rc_max(q) - val < (uint64_t)delta)) {
+    bd_set_error("qcow2 %s: refcount of cluster %llu out of range", q->path,
+                 (unsigned long long)cluster);
+    return -EIO;
+  }
+  return write_entry(q, block, byte, shift, val + (uint64_t)delta);
+}
+
+/* Copy the refcount table to a larger one at the end of the image. */
+static int grow_table(struct qcow2dev *q, uint64_t need) {
+  uint64_t per_cluster = q->csize / 8;
+  uint64_t entries =
+      q->reftable_entries * 2 > need ? q->reftable_entries * 2 : need;
+  /* Room also for the blocks covering the new table itself. */
+  entries += 2 + entries * 8 / q->csize / q->rb_entries;
+  uint64_t nclusters = (entries + per_cluster - 1) / per_cluster;
+  entries = nclusters * per_cluster;
+  if (entries * 8 > QCOW2_MAX_REFTABLE_BYTES) {
+    bd_set_error("qcow2 %s: refcount table would exceed %u bytes", q->path,
+                 QCOW2_MAX_REFTABLE_BYTES);
+    return -ENOSPC;
+  }
+  uint64_t *nt = calloc(entries, 8);
+  if (!nt)
+    return -ENOMEM;
+  memcpy(nt, q->reftable, q->reftable_entries * 8);
+  uint64_t old_off = q->h.reftable_offset,
+           old_clusters = q->h.reftable_clusters;
+  uint64_t t = q->alloc_end;
+  q->alloc_end += nclusters * q->csize;
+  /* From here on entries are written into the new table's place. */
+  free(q->reftable);
+  q->reftable = nt;
+  q->reftable_entries = entries;
+  q->h.reftable_offset = t;
+  int r = 0;
+  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
+    r = qcow2_rc_update(q, (t >> q->h.cluster_bits) + c, 1);
+  uint8_t *buf = r == 0 ? malloc(entries * 8) : NULL;
+  if (r == 0 && !buf)
+    r = -ENOMEM;
+  for (uint64_t i = 0; r == 0 && i < entries; i++)
+    put_be64(buf + i * 8, nt[i]);
+  if (r == 0)
+    r = qcow2_pwrite_all(q->fd, buf, entries * 8, t);
+  free(buf);
+  /* The new table is durable before the header points at it. */
+  if (r == 0 && fdatasync(q->fd) < 0)
+    r = -errno;
+  uint8_t hdr[12];
+  put_be64(hdr, t);
+  put_be32(hdr + 8, (uint32_t)nclusters);
+  if (r == 0)
+    r = qcow2_pwrite_all(q->fd, hdr, 12, 48);
+  if (r == 0 && fdatasync(q->fd) < 0)
+    r = -errno;
+  if (r < 0) {
+    q->broken = true;
+    return r;
+  }
+  q->h.reftable_clusters = (uint32_t)nclusters;
+  for (uint64_t c = 0; r == 0 && c < old_clusters; c++)
+    r = qcow2_rc_update(q, (old_off >> q->h.cluster_bits) + c, -1);
+  return r;
+}
+
+int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
+  if (q->broken)
+    return -EIO;
+  uint64_t h = q->alloc_end;
+  q->alloc_end += q->csize;
+  int r = qcow2_rc_update(q, h >> q->h.cluster_bits, 1);
+  if (r < 0) {
+    q->broken = true;
+    return r;
+  }
+  *host = h;
+  return 0;
+}
+
+/* Drop one reference to each cluster [host, host+len) touches; clusters
+ * that become free are punched out of the file. */
+int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
+  uint64_t first = host >> q->h.cluster_bits;
+  uint64_t last = (host + len - 1) >> q->h.cluster_bits;
+  for (uint64_t c = first; c <= last; c++) {
+    int r = qcow2_rc_update(q, c, -1);
+    uint64_t val = 1;
+    if (r == 0)
+      r = qcow2_rc_get(q, c, &val);
+    if (r < 0) {
+      q->broken = true;
+      return r;
+    }
+    if (val == 0)
+      fallocate(q->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                (off_t)(c << q->h.cluster_bits), (off_t)q->csize);
+  }
+  return 0;
+}
+
+/* Load the refcount table and find the end of what is in use. */
+int qcow2_rc_init(struct qcow2dev *q) {
+  q->rc_bits = 1u << q->h.refcount_order;
+  q->rb_entries = q->csize * 8 / q->rc_bits;
+  q->reftable_entries = (uint64_t)q->h.reftable_clusters * q->csize / 8;
+  q->reftable = calloc(q->reftable_entries, 8);
+  if (!q->reftable)
+    return -ENOMEM;
+  int r = pread_exact(q->fd, q->reftable, q->reftable_entries * 8,
+                      q->h.reftable_offset);
+  uint64_t end = (q->file_size + q->csize - 1) & ~(q->csize - 1);
+  uint8_t *blk = malloc(q->csize);
+  if (!blk)
+    r = -ENOMEM;
+  for (uint64_t i = 0; r == 0 && i < q->reftable_entries; i++) {
+    uint64_t b = q->reftable[i] = get_be64((uint8_t *)&q->reftable[i]);
+    if (b == 0)
+      continue;
+    if (b & (q->csize - 1) || b >= q->file_size) {
+      bd_set_error("qcow2 %s: corrupt refcount table entry 0x%llx", q->path,
+                   (unsigned long long)b);
+      r = -EIO;
+      break;
+    }
+    r = pread_exact(q->fd, blk, q->csize, b);
+    /* The last cluster with a reference bounds what may be reused. */
+    for (uint64_t j = q->rb_entries; r == 0 && j-- > 0;) {
+      uint64_t t, byte, v;
+      unsigned shift;
+      locate(q, j, &t, &byte, &shift);
+      v = decode_entry(q, blk + byte, shift);
+      if (v) {
+        uint64_t used = ((i * q->rb_entries + j) + 1) << q->h.cluster_bits;
+        if (used > end)
+          end = used;
+        break;
+      }
+    }
+  }
+  free(blk);
+  q->alloc_end = end;
+  return r;
+}

@@ -1,0 +1,374 @@
+/* qcow2 writes: in-place writes to clusters this image owns alone, and
+ * allocating writes everywhere else (unallocated, zero, compressed, or
+ * shared with a snapshot).
+ *
+ * An allocating write marks its guest cluster as in flight, decides under
+ * the metadata lock where the new cluster goes, and then, without the
+ * lock, builds the whole cluster (old contents, from whatever layer holds
+ * them, overlaid with the new bytes) and writes it.  Only then is the L2
+ * entry pointed at it, and only after that are the old clusters' refcounts
+ * dropped.  A write to a cluster in flight waits for it.  Order on disk:
+ * refcount (+1) before the L2 entry that uses it, data before the L2 entry,
+ * L2 entry before the refcount (-1), new L2 table before its L1 entry. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../core/blockdev.h"
+#include "../../core/log.h"
+#include "../../server/wire.h"
+#include "qcow2-internal.h"
+
+/* ---- clusters in flight ---- */
+
+static bool in_flight(struct qcow2dev *q, uint64_t cluster) {
+  for (struct inflight *f = q->inflight; f; f = f->next)
+    if (f->cluster == cluster)
+      return true;
+  return false;
+}
+
+/* Wait (metadata lock held) until nobody allocates CLUSTER. */
+static void wait_cluster(struct qcow2dev *q, uint64_t cluster) {
+  while (in_flight(q, cluster))
+    pthread_cond_wait(&q->alloc_done, &q->meta);
+}
+
+static void finish_cluster(struct qcow2dev *q, struct inflight *f) {
+  for (struct inflight **pp = &q->inflight; *pp; pp = &(*pp)->next) {
+    if (*pp == f) {
+      *pp = f->next;
+      break;
+    }
+  }
+  pthread_cond_broadcast(&q->alloc_done);
+}
+
+/* ---- metadata updates (metadata lock held) ---- */
+
+static void grow_file(struct qcow2dev *q) {
+  if (q->alloc_end > q->file_size)
+    __atomic_store_n(&q->file_size, q->alloc_end, __ATOMIC_RELEASE);
+}
+
+static int set_l1(struct qcow2dev *q, uint64_t l1i, uint64_t value) {
+  uint8_t e[8];
+  put_be64(e, value);
+  int r = qcow2_pwrite_all(q->fd, e, 8, q->h.l1_offset + l1i * 8);
+  if (r == 0)
+    __atomic_store_n(&q->l1[l1i], value, __ATOMIC_RELEASE);
+  return r;
+}
+
+static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
+                  uint64_t value) {
+  uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
+  uint8_t e[8];
+  put_be64(e, value);
+  int r = qcow2_pwrite_all(q->fd, e, 8, l2off + l2i * 8);
+  if (r == 0) {
+    size_t idx;
+    uint64_t key = qcow2_slice_key(q, l2off, l2i, &idx);
+    l2cache_set(q->cache, key, idx, value);
+  }
+  return r;
+}
+
+/* Drop the host clusters an L2 entry holds. */
+static int release_entry(struct qcow2dev *q, uint64_t entry) {
+  if (entry & QCOW2_L2_COMPRESSED) {
+    struct qcow2_run run;
+    if (qcow2_decode_l2(&q->g, entry, 0, 0, 1, &run) < 0)
+      return -EIO;
+    return qcow2_free_range(q, run.coffset, run.csize);
+  }
+  uint64_t host = entry & QCOW2_OFFSET_MASK;
+  return host ? qcow2_free_range(q, host, q->csize) : 0;
+}
+
+/* Copy an L2 table shared with a snapshot.  The clusters it references
+ * already count one reference per L1 table that reaches them (that is how
+ * QEMU's snapshots count), so only the tables' refcounts change: the copy
+ * gets one, the shared table loses the active image's. */
+static int cow_l2(struct qcow2dev *q, uint64_t l1i, uint64_t old,
+                  uint64_t *l2off) {
+  uint64_t nl2 = 0;
+  uint8_t *t = malloc(q->csize);
+  int r = t ? qcow2_alloc_cluster(q, &nl2) : -ENOMEM;
+  if (r == 0 && pread(q->fd, t, q->csize, (off_t)old) != (ssize_t)q->csize)
+    r = -EIO;
+  grow_file(q);
+  if (r == 0)
+    r = qcow2_pwrite_all(q->fd, t, q->csize, nl2);
+  if (r == 0)
+    r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
+  if (r == 0)
+    r = qcow2_free_range(q, old, q->csize);
+  free(t);
+  *l2off = nl2;
+  return r;
+}
+
+/* The L2 table for CLUSTER, allocated or unshared as needed. */
+static int writable_l2(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off) {
+  uint64_t l1i = cluster >> q->l2_bits;
+  uint64_t l1e = q->l1[l1i], old = l1e & QCOW2_OFFSET_MASK;
+  if (old && (l1e & QCOW2_L2_COPIED)) {
+    *l2off = old;
+    return 0;
+  }
+  if (old)
+    return cow_l2(q, l1i, old, l2off);
+  uint64_t nl2;
+  int r = qcow2_alloc_cluster(q, &nl2);
+  uint8_t *zero = r == 0 ? calloc(1, q->csize) : NULL;
+  if (r == 0 && !zero)
+    r = -ENOMEM;
+  grow_file(q);
+  /* The new table is written before the L1 entry points at it. */
+  if (r == 0)
+    r = qcow2_pwrite_all(q->fd, zero, q->csize, nl2);
+  free(zero);
+  if (r == 0)
+    r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
+  *l2off = nl2;
+  return r;
+}
+
+/* ---- writing one cluster ---- */
+
+static bool owned_data(uint64_t entry) {
+  return !(entry & (QCOW2_L2_COMPRESSED | QCOW2_L2_ZERO)) &&
+         (entry & QCOW2_OFFSET_MASK) && (entry & QCOW2_L2_COPIED);
+}
+
+/* New contents for guest CLUSTER: its current contents with BUF laid over
+ * [in, in+n). */
+static int build_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                         const uint8_t *buf, uint64_t n, uint8_t *out) {
+  if (n < q->csize) {
+    int r = qcow2_read(q, out, q->csize, cluster << q->h.cluster_bits);
+    if (r < 0)
+      return r;
+  }
+  if (buf)
+    memcpy(out + in, buf, n);
+  else
+    memset(out + in, 0, n);
+  return 0;
+}
+
+static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                          const uint8_t *buf, uint64_t n, uint64_t entry) {
+  struct inflight f = {cluster, q->inflight};
+  q->inflight = &f;
+  uint64_t l2off, host = 0;
+  int r = writable_l2(q, cluster, &l2off);
+  if (r == 0)
+    r = qcow2_alloc_cluster(q, &host);
+  grow_file(q);
+  pthread_mutex_unlock(&q->meta);
+
+  uint8_t *data = malloc(q->csize);
+  if (r == 0)
+    r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
+  if (r == 0)
+    r = qcow2_pwrite_all(q->fd, data, q->csize, host);
+  free(data);
+
+  pthread_mutex_lock(&q->meta);
+  if (r == 0)
+    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED);
+  if (r == 0)
+    r = release_entry(q, entry);
+  else if (host)
+    qcow2_free_range(q, host, q->csize); /* never published */
+  if (r < 0 && !q->broken) {
+    q->broken = true;
+    log_error("qcow2 %s: metadata update failed (%s); refusing further "
+              "writes",
+              q->path, strerror(-r));
+  }
+  finish_cluster(q, &f);
+  return r;
+}
+
+/* Write [in, in+n) of guest CLUSTER; BUF NULL writes zeroes. */
+static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                         const uint8_t *buf, uint64_t n) {
+  pthread_mutex_lock(&q->meta);
+  wait_cluster(q, cluster);
+  uint64_t l2off, entry;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry);
+  if (r == 0 && owned_data(entry)) {
+    pthread_mutex_unlock(&q->meta);
+    uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
+    if (buf)
+      return qcow2_pwrite_all(q->fd, buf, n, host);
+    uint8_t *z = calloc(1, n);
+    r = z ? qcow2_pwrite_all(q->fd, z, n, host) : -ENOMEM;
+    free(z);
+    return r;
+  }
+  if (r == 0)
+    r = allocate_write(q, cluster, in, buf, n, entry);
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
+/* Split [off, off+len) at cluster boundaries. */
+static int for_each_cluster(struct qcow2dev *q, uint64_t off, uint64_t len,
+                            int (*fn)(struct qcow2dev *, uint64_t, uint32_t,
+                                      uint64_t, const uint8_t *, uint32_t),
+                            const uint8_t *buf, uint32_t flags) {
+  while (len > 0) {
+    uint64_t cluster = off >> q->h.cluster_bits;
+    uint32_t in = (uint32_t)(off & (q->csize - 1));
+    uint64_t n = q->csize - in < len ? q->csize - in : len;
+    int r = fn(q, cluster, in, n, buf, flags);
+    if (r < 0)
+      return r;
+    off += n;
+    len -= n;
+    if (buf)
+      buf += n;
+  }
+  return 0;
+}
+
+static int write_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                       uint64_t n, const uint8_t *buf, uint32_t flags) {
+  (void)flags;
+  return write_cluster(q, cluster, in, buf, n);
+}
+
+int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+                 uint32_t flags) {
+  struct qcow2dev *q = bd->priv;
+  int r = for_each_cluster(q, off, len, write_piece, buf, 0);
+  if (r < 0)
+    bd_set_error("qcow2 %s: write at %llu failed: %s", q->path,
+                 (unsigned long long)off, strerror(-r));
+  if (r == 0 && (flags & BD_F_FUA))
+    r = qcow2_flush(bd);
+  return r;
+}
+
+/* ---- zero and trim ---- */
+
+/* Replace the entry of a whole guest cluster (zero flag or unallocated),
+ * dropping what it held unless KEEP asks to keep its own cluster. */
+static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
+                         bool keep) {
+  pthread_mutex_lock(&q->meta);
+  wait_cluster(q, cluster);
+  uint64_t l2off, entry;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry);
+  if (r == 0 && keep && owned_data(entry))
+    value |= entry & (QCOW2_OFFSET_MASK | QCOW2_L2_COPIED);
+  if (r == 0 && entry != value) {
+    if (l2off == 0 || !(q->l1[cluster >> q->l2_bits] & QCOW2_L2_COPIED))
+      r = writable_l2(q, cluster, &l2off);
+    grow_file(q);
+    if (r == 0)
+      r = set_l2(q, l2off, cluster, value);
+    if (r == 0 && !(value & QCOW2_OFFSET_MASK))
+      r = release_entry(q, entry);
+  }
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
+static int zero_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                      uint64_t n, const uint8_t *buf, uint32_t flags) {
+  (void)buf;
+  if (n < q->csize || !q->g.v3)
+    return write_cluster(q, cluster, in, NULL, n);
+  return replace_entry(q, cluster, QCOW2_L2_ZERO, !(flags & BD_F_MAY_TRIM));
+}
+
+int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
+  struct qcow2dev *q = bd->priv;
+  /* Version 2 has no zero flag: zeroing means writing zeroes. */
+  if (!q->g.v3 && (flags & BD_F_FAST_ZERO)) {
+    bd_set_error("qcow2 %s: version 2 images cannot zero quickly", q->path);
+    return -ENOTSUP;
+  }
+  int r = for_each_cluster(q, off, len, zero_piece, NULL, flags);
+  if (r == 0 && (flags & BD_F_FUA))
+    r = qcow2_flush(bd);
+  return r;
+}
+
+static int trim_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                      uint64_t n, const uint8_t *buf, uint32_t flags) {
+  (void)in, (void)buf, (void)flags;
+  if (n < q->csize)
+    return 0; /* trim is advisory: partial clusters stay */
+  /* With a backing file an unallocated cluster would show the backing
+   * data again; a zero cluster does not (version 3 only). */
+  if (q->backing && !q->g.v3)
+    return 0;
+  return replace_entry(q, cluster, q->backing ? QCOW2_L2_ZERO : 0, false);
+}
+
+int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
+  struct qcow2dev *q = bd->priv;
+  int r = for_each_cluster(q, off, len, trim_piece, NULL, 0);
+  if (r == 0 && (flags & BD_F_FUA))
+    r = qcow2_flush(bd);
+  return r;
+}
+
+int qcow2_flush(struct bd *bd) {
+  struct qcow2dev *q = bd->priv;
+  if (!q->writable)
+    return 0;
+  if (fdatasync(q->fd) < 0) {
+    int e = errno;
+    bd_set_error("qcow2 %s: fdatasync: %s", q->path, strerror(e));
+    return -e;
+  }
+  return 0;
+}
+
+/* ---- opening for writing ---- */
+
+static int refuse(struct qcow2dev *q, const char *why) {
+  bd_set_error("%s: cannot open for writing: %s (serve it with --readonly)",
+               q->path, why);
+  return -ENOTSUP;
+}
+
+int qcow2_open_writable(struct qcow2dev *q) {
+  if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
+    return refuse(q, "the image is marked corrupt");
+  if (q->h.incompatible & QCOW2_INCOMPAT_DIRTY)
+    return refuse(q, "the image is dirty (lazy refcounts); repair it with "
+                     "qemu-img check -r all");
+  if (q->g.extended_l2)
+    return refuse(q, "writing extended L2 (subcluster) images is not "
+                     "supported yet");
+  if (q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE)
+    return refuse(q, "writing images with an external data file is not "
+                     "supported yet");
+  pthread_mutex_init(&q->meta, NULL);
+  pthread_cond_init(&q->alloc_done, NULL);
+  int r = qcow2_rc_init(q);
+  if (r < 0)
+    return r;
+  /* Autoclear features we do not maintain (bitmaps) must be cleared before
+   * the first write, as the spec asks. */
+  if (q->h.version >= 3 && q->h.autoclear) {
+    uint8_t z[8] = {0};
+    r = qcow2_pwrite_all(q->fd, z, 8, 88);
+    if (r == 0 && fdatasync(q->fd) < 0)
+      r = -errno;
+    if (r < 0)
+      return r;
+    q->h.autoclear = 0;
+  }
+  q->writable = true;
+  return 0;
+}
