@@ -211,3 +211,19 @@ void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value) {
   }
   pthread_mutex_unlock(&s->lock);
 }
+
+const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
+                             struct l2slice **pin) {
+  struct shard *s = &c->shards[shard_of(key)];
+  pthread_mutex_lock(&s->lock);
+  struct l2slice *sl = find(s, key);
+  if (!sl || sl->loading || sl->failed) {
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+  }
+  if (sl->refs++ == 0)
+    lru_unlink(sl);
+  pthread_mutex_unlock(&s->lock);
+  *pin = sl;
+  return sl->entries;
+}

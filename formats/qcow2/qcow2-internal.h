@@ -59,6 +59,9 @@ typedef int l2_load_fn(void *ctx, uint64_t key, uint64_t *entries, size_t n);
 const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
                             void *ctx, struct l2slice **pin, int *err);
 void l2cache_put(struct l2cache *c, struct l2slice *pin);
+/* The slice at KEY if it is cached and loaded (pinned), else NULL. */
+const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
+                             struct l2slice **pin);
 /* Update entry I of the cached slice at KEY, if cached (after a load in
  * flight finishes, so the load cannot overwrite it). */
 void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
@@ -68,6 +71,9 @@ int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
 /* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                  uint64_t *entry);
+/* The same from cached slices only: -EAGAIN when it would read the file. */
+int qcow2_lookup_nowait(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                        uint64_t *entry, uint64_t *bitmap);
 uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
                          size_t *idx);
 
@@ -86,5 +92,7 @@ int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
 int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
 int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
 int qcow2_flush(struct bd *bd);
+int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
+                           uint64_t off);
 
 #endif

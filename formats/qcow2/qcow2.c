@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
@@ -79,9 +80,10 @@ uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
   return l2off + (l2i / per_slice) * per_slice * esize * 8;
 }
 
-/* The L2 entry (and subcluster bitmap) of guest CLUSTER. */
-static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
-                  uint64_t *entry, uint64_t *bitmap) {
+/* The L2 entry (and subcluster bitmap) of guest CLUSTER; with NOWAIT only
+ * from a cached slice (-EAGAIN otherwise). */
+static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                       uint64_t *entry, uint64_t *bitmap, bool nowait) {
   uint64_t l1i = cluster >> q->l2_bits;
   uint64_t l1e =
       l1i < q->h.l1_size ? __atomic_load_n(&q->l1[l1i], __ATOMIC_ACQUIRE) : 0;
@@ -95,8 +97,10 @@ static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   uint64_t key =
       qcow2_slice_key(q, *l2off, cluster & ((1ull << q->l2_bits) - 1), &idx);
   struct l2slice *pin;
-  int err = 0;
-  const uint64_t *e = l2cache_get(q->cache, key, load_slice, q, &pin, &err);
+  int err = -EAGAIN;
+  const uint64_t *e =
+      nowait ? l2cache_peek(q->cache, key, &pin)
+             : l2cache_get(q->cache, key, load_slice, q, &pin, &err);
   if (!e)
     return err;
   *entry = __atomic_load_n(&e[idx], __ATOMIC_ACQUIRE);
@@ -106,10 +110,20 @@ static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   return 0;
 }
 
+static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                  uint64_t *entry, uint64_t *bitmap) {
+  return lookup_mode(q, cluster, l2off, entry, bitmap, false);
+}
+
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                  uint64_t *entry) {
   uint64_t bitmap;
   return lookup(q, cluster, l2off, entry, &bitmap);
+}
+
+int qcow2_lookup_nowait(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
+                        uint64_t *entry, uint64_t *bitmap) {
+  return lookup_mode(q, cluster, l2off, entry, bitmap, true);
 }
 
 /* The run of one kind that starts at guest offset OFF, at most LEN long. */
@@ -266,6 +280,51 @@ static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   return qcow2_read(bd->priv, buf, len, off);
 }
 
+/* A read whose L2 slices are cached and whose data is in the page cache
+ * completes in the caller's thread (see try_nowait in core/blockdev.h). */
+static int read_nowait(struct qcow2dev *q, uint8_t *p, uint64_t len,
+                       uint64_t off) {
+  while (len > 0) {
+    uint64_t cluster = off >> q->h.cluster_bits, l2off, entry, bitmap;
+    uint32_t in = (uint32_t)(off & (q->csize - 1));
+    int r = qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
+    if (r < 0)
+      return -EAGAIN; /* the careful path handles loads and errors */
+    struct qcow2_run run;
+    uint32_t max =
+        len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
+    if (l2off == 0)
+      run = (struct qcow2_run){.kind = QCOW2_UNALLOCATED, .length = max};
+    else if (qcow2_decode_l2(&q->g, entry, bitmap, in, max, &run) < 0)
+      return -EAGAIN;
+    if (run.kind == QCOW2_ZERO ||
+        (run.kind == QCOW2_UNALLOCATED && !q->backing)) {
+      memset(p, 0, run.length);
+    } else if (run.kind == QCOW2_DATA && q->data_fd == q->fd &&
+               run.host - in < file_limit(q)) {
+      struct iovec iov = {p, run.length};
+      if (preadv2(q->fd, &iov, 1, (off_t)run.host, RWF_NOWAIT) !=
+          (ssize_t)run.length)
+        return -EAGAIN;
+    } else {
+      return -EAGAIN;
+    }
+    p += run.length;
+    off += run.length;
+    len -= run.length;
+  }
+  return 0;
+}
+
+static int q_try_nowait(struct bd *bd, struct bd_req *req) {
+  struct qcow2dev *q = bd->priv;
+  if (req->cmd == BD_READ)
+    return read_nowait(q, req->buf, req->length, req->offset);
+  return q->writable
+             ? qcow2_try_write_nowait(q, req->buf, req->length, req->offset)
+             : -EAGAIN;
+}
+
 static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
                      struct bd_extents *ext) {
   struct qcow2dev *q = bd->priv;
@@ -320,6 +379,7 @@ static const struct bd_ops qcow2_ops = {
     .flush = qcow2_flush,
     .trim = qcow2_trim,
     .zero = qcow2_zero,
+    .try_nowait = q_try_nowait,
     .extents = q_extents,
     .close = q_close,
 };

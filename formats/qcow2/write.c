@@ -217,6 +217,26 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return r;
 }
 
+/* A small page-aligned write into a cluster the image owns alone, whose
+ * L2 slice is cached, completes in the caller's thread; anything that
+ * would wait (an allocation in flight, a slice to load) says -EAGAIN. */
+int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
+                           uint64_t off) {
+  uint64_t cluster = off >> q->h.cluster_bits;
+  uint32_t in = (uint32_t)(off & (q->csize - 1));
+  if (len > 65536 || (off | len) % 4096 != 0 || in + len > q->csize)
+    return -EAGAIN;
+  uint64_t l2off, entry, bitmap;
+  pthread_mutex_lock(&q->meta);
+  int r = q->broken || in_flight(q, cluster)
+              ? -EAGAIN
+              : qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
+  pthread_mutex_unlock(&q->meta);
+  if (r < 0 || !owned_data(entry))
+    return -EAGAIN;
+  return qcow2_pwrite_all(q->fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
+}
+
 /* Split [off, off+len) at cluster boundaries. */
 static int for_each_cluster(struct qcow2dev *q, uint64_t off, uint64_t len,
                             int (*fn)(struct qcow2dev *, uint64_t, uint32_t,
