@@ -227,3 +227,7 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
   *pin = sl;
   return sl->entries;
 }
+
+const uint64_t *qcow2_slice_entries(const struct l2slice *pin) {
+  return pin->entries;
+}

@@ -38,6 +38,19 @@ struct qcow2dev {
   unsigned rc_bits;    /* refcount width */
   uint64_t rb_entries; /* refcounts per block */
   uint64_t alloc_end;  /* next host cluster to allocate */
+  /* Metadata updates not yet on disk (see write.c): L1 indices, L2 entries
+   * (their slices pinned in the cache) and clusters to free. */
+  struct pending *pend_l2;
+  size_t npend_l2, cap_pend_l2;
+  uint64_t *pend_l1;
+  size_t npend_l1, cap_pend_l1;
+  struct pending *pend_free;
+  size_t npend_free, cap_pend_free;
+};
+
+struct pending {
+  uint64_t a, b;       /* L2: file offset of the entry, value | free: range */
+  struct l2slice *pin; /* L2: the cached slice holding the entry */
 };
 
 struct inflight {
@@ -59,6 +72,9 @@ typedef int l2_load_fn(void *ctx, uint64_t key, uint64_t *entries, size_t n);
 const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
                             void *ctx, struct l2slice **pin, int *err);
 void l2cache_put(struct l2cache *c, struct l2slice *pin);
+const uint64_t *qcow2_slice_entries(const struct l2slice *pin);
+/* qcow2.c: the loader of L2 slices for l2cache_get(). */
+int qcow2_load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n);
 /* The slice at KEY if it is cached and loaded (pinned), else NULL. */
 const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
                              struct l2slice **pin);

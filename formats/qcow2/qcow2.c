@@ -54,7 +54,7 @@ static int corrupt(struct qcow2dev *q, const char *what, uint64_t value) {
 
 /* ---- mapping ---- */
 
-static int load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n) {
+int qcow2_load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n) {
   struct qcow2dev *q = ctx;
   int r = pread_zero(q->fd, entries, n * 8, key);
   if (r < 0)
@@ -100,7 +100,7 @@ static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   int err = -EAGAIN;
   const uint64_t *e =
       nowait ? l2cache_peek(q->cache, key, &pin)
-             : l2cache_get(q->cache, key, load_slice, q, &pin, &err);
+             : l2cache_get(q->cache, key, qcow2_load_slice, q, &pin, &err);
   if (!e)
     return err;
   *entry = __atomic_load_n(&e[idx], __ATOMIC_ACQUIRE);
@@ -361,6 +361,9 @@ static void q_close(struct bd *bd) {
     pthread_cond_destroy(&q->alloc_done);
   }
   free(q->reftable);
+  free(q->pend_l1);
+  free(q->pend_l2);
+  free(q->pend_free);
   if (q->backing)
     bd_close(q->backing);
   l2cache_free(q->cache);

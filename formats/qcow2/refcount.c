@@ -148,7 +148,9 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
     locate(q, bcluster, &t2, &byte, &shift);
     r = write_entry(q, b, byte, shift, 1);
   }
-  /* The block is on disk before the table entry that points at it. */
+  /* The block is durable before the table entry that points at it. */
+  if (r == 0 && fdatasync(q->fd) < 0)
+    r = -errno;
   if (r == 0) {
     uint8_t e[8];
     put_be64(e, b);

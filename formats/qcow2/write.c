@@ -9,7 +9,8 @@
  * entry pointed at it, and only after that are the old clusters' refcounts
  * dropped.  A write to a cluster in flight waits for it.  Order on disk:
  * refcount (+1) before the L2 entry that uses it, data before the L2 entry,
- * L2 entry before the refcount (-1), new L2 table before its L1 entry. */
+ * L2 entry before the refcount (-1), new L2 table before its L1 entry;
+ * the sync point below makes that order hold across power loss. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,39 +53,122 @@ static void grow_file(struct qcow2dev *q) {
     __atomic_store_n(&q->file_size, q->alloc_end, __ATOMIC_RELEASE);
 }
 
+/* ---- deferred metadata ----
+ *
+ * L1 and L2 updates take effect in memory at once (readers see them) and
+ * reach the file at the next sync point, together with the refcount
+ * decreases they allow.  A sync point orders everything for power loss:
+ *   1. fdatasync: data, refcount increases and new L2 tables are durable;
+ *   2. write the L1 and L2 entries, fdatasync;
+ *   3. drop the refcounts of clusters no longer referenced.
+ * It runs on FLUSH (and FUA), at close, and when too much is pending.  A
+ * crash before it loses the unflushed allocations, which leak. */
+
+#define MAX_PENDING 8192
+
+static int push(void *arrp, size_t *n, size_t *cap, size_t size,
+                const void *item) {
+  void **arr = arrp;
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 64;
+    void *na = realloc(*arr, nc * size);
+    if (!na)
+      return -ENOMEM;
+    *arr = na;
+    *cap = nc;
+  }
+  memcpy((char *)*arr + *n * size, item, size);
+  (*n)++;
+  return 0;
+}
+
 static int set_l1(struct qcow2dev *q, uint64_t l1i, uint64_t value) {
-  uint8_t e[8];
-  put_be64(e, value);
-  int r = qcow2_pwrite_all(q->fd, e, 8, q->h.l1_offset + l1i * 8);
+  int r = push(&q->pend_l1, &q->npend_l1, &q->cap_pend_l1, sizeof l1i, &l1i);
   if (r == 0)
     __atomic_store_n(&q->l1[l1i], value, __ATOMIC_RELEASE);
   return r;
 }
 
+/* The entry is set in a cached slice that stays pinned until written. */
 static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
                   uint64_t value) {
   uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
+  size_t idx;
+  uint64_t key = qcow2_slice_key(q, l2off, l2i, &idx);
+  struct pending p = {.a = l2off + l2i * 8};
+  int err = 0;
+  uint64_t *e =
+      (uint64_t *)l2cache_get(q->cache, key, qcow2_load_slice, q, &p.pin, &err);
+  if (!e)
+    return err;
+  __atomic_store_n(&e[idx], value, __ATOMIC_RELEASE);
+  p.b = idx;
+  err = push(&q->pend_l2, &q->npend_l2, &q->cap_pend_l2, sizeof p, &p);
+  if (err < 0)
+    l2cache_put(q->cache, p.pin);
+  return err;
+}
+
+static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
+  struct pending p = {.a = host, .b = len};
+  return push(&q->pend_free, &q->npend_free, &q->cap_pend_free, sizeof p, &p);
+}
+
+static int write_be64(struct qcow2dev *q, uint64_t off, uint64_t value) {
   uint8_t e[8];
   put_be64(e, value);
-  int r = qcow2_pwrite_all(q->fd, e, 8, l2off + l2i * 8);
-  if (r == 0) {
-    size_t idx;
-    uint64_t key = qcow2_slice_key(q, l2off, l2i, &idx);
-    l2cache_set(q->cache, key, idx, value);
+  return qcow2_pwrite_all(q->fd, e, 8, off);
+}
+
+static int datasync(struct qcow2dev *q) {
+  return fdatasync(q->fd) < 0 ? -errno : 0;
+}
+
+/* Metadata lock held. */
+static int sync_metadata(struct qcow2dev *q) {
+  int r = datasync(q);
+  for (size_t i = 0; r == 0 && i < q->npend_l1; i++) {
+    uint64_t l1i = q->pend_l1[i];
+    r = write_be64(q, q->h.l1_offset + l1i * 8, q->l1[l1i]);
+  }
+  for (size_t i = 0; i < q->npend_l2; i++) {
+    struct pending *p = &q->pend_l2[i];
+    const uint64_t *e = qcow2_slice_entries(p->pin);
+    if (r == 0)
+      r = write_be64(q, p->a, __atomic_load_n(&e[p->b], __ATOMIC_ACQUIRE));
+    l2cache_put(q->cache, p->pin);
+  }
+  q->npend_l1 = q->npend_l2 = 0;
+  if (r == 0 && q->npend_free)
+    r = datasync(q);
+  for (size_t i = 0; r == 0 && i < q->npend_free; i++)
+    r = qcow2_free_range(q, q->pend_free[i].a, q->pend_free[i].b);
+  q->npend_free = 0;
+  if (r < 0 && !q->broken) {
+    q->broken = true;
+    log_error("qcow2 %s: writing metadata failed (%s); refusing further "
+              "writes",
+              q->path, strerror(-r));
   }
   return r;
 }
 
-/* Drop the host clusters an L2 entry holds. */
+static int maybe_sync(struct qcow2dev *q) {
+  if (q->npend_l2 + q->npend_l1 + q->npend_free < MAX_PENDING)
+    return 0;
+  return sync_metadata(q);
+}
+
+/* Drop the host clusters an L2 entry holds (at the next sync point). */
 static int release_entry(struct qcow2dev *q, uint64_t entry) {
   if (entry & QCOW2_L2_COMPRESSED) {
     struct qcow2_run run;
     if (qcow2_decode_l2(&q->g, entry, 0, 0, 1, &run) < 0)
       return -EIO;
-    return qcow2_free_range(q, run.coffset, run.csize);
+    return defer_free(q, run.coffset, run.csize);
   }
   uint64_t host = entry & QCOW2_OFFSET_MASK;
-  return host ? qcow2_free_range(q, host, q->csize) : 0;
+  return host ? defer_free(q, host, q->csize) : 0;
 }
 
 /* Copy an L2 table shared with a snapshot.  The clusters it references
@@ -104,7 +188,7 @@ static int cow_l2(struct qcow2dev *q, uint64_t l1i, uint64_t old,
   if (r == 0)
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
   if (r == 0)
-    r = qcow2_free_range(q, old, q->csize);
+    r = defer_free(q, old, q->csize);
   free(t);
   *l2off = nl2;
   return r;
@@ -182,6 +266,8 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED);
   if (r == 0)
     r = release_entry(q, entry);
+  if (r == 0)
+    r = maybe_sync(q);
   else if (host)
     qcow2_free_range(q, host, q->csize); /* never published */
   if (r < 0 && !q->broken) {
@@ -295,6 +381,8 @@ static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
       r = set_l2(q, l2off, cluster, value);
     if (r == 0 && !(value & QCOW2_OFFSET_MASK))
       r = release_entry(q, entry);
+    if (r == 0)
+      r = maybe_sync(q);
   }
   pthread_mutex_unlock(&q->meta);
   return r;
@@ -345,12 +433,12 @@ int qcow2_flush(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
   if (!q->writable)
     return 0;
-  if (fdatasync(q->fd) < 0) {
-    int e = errno;
-    bd_set_error("qcow2 %s: fdatasync: %s", q->path, strerror(e));
-    return -e;
-  }
-  return 0;
+  pthread_mutex_lock(&q->meta);
+  int r = q->broken ? -EIO : sync_metadata(q);
+  pthread_mutex_unlock(&q->meta);
+  if (r < 0)
+    bd_set_error("qcow2 %s: flush: %s", q->path, strerror(-r));
+  return r;
 }
 
 /* ---- opening for writing ---- */

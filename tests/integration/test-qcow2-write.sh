@@ -117,15 +117,68 @@ for i in 1 2 3 4 5; do
   start_server "$T/k.qcow2"
   (cd "$T" && fio storm.fio >/dev/null 2>&1) &
   storm=$!
+  # And so must every write acknowledged before a completed FLUSH: the
+  # tracker writes 16 blocks of 4 KiB in [40M, 56M) per round with a
+  # pattern naming the round, flushes, and only then logs the round.
+  "$PY" - "$URI" "$T/durable.txt" >/dev/null 2>&1 <<'PYEOF' &
+import sys, nbd, os
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+log = open(sys.argv[2], "w")
+rnd = 0
+while True:
+    rnd += 1
+    blocks = [(40 << 20) + ((rnd * 7919 + k * 104729) % 4096) * 4096
+              for k in range(16)]
+    for b in blocks:
+        h.pwrite(bytes([rnd % 250 + 1]) * 4096, b)
+    h.flush()
+    log.write("%d\n" % rnd)
+    log.flush()
+    os.fsync(log.fileno())
+PYEOF
+  tracker=$!
   sleep "0.$((3 + RANDOM % 7))"
   kill -9 "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
   wait $storm 2>/dev/null || true
+  kill $tracker 2>/dev/null || true
+  wait $tracker 2>/dev/null || true
   SERVER_PID=
   rc=0; qemu-img check "$T/k.qcow2" >"$T/check.txt" 2>&1 || rc=$?
   # 0 clean, 3 leaks only; 2 (corruption) or anything else fails.
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || { cat "$T/check.txt"; fail "kill $i: check exit $rc"; }
   run qemu-io -f qcow2 -r -c 'read -P 0x7e 60M 1M' "$T/k.qcow2" >/dev/null ||
-    fail "kill $i: flushed data lost"
-  ok "kill $i: check exit $rc"
+    fail "kill $i: data flushed before serving lost"
+  qemu-img convert -O raw "$T/k.qcow2" "$T/k.raw"
+  # Each block must hold the pattern of the last logged round that wrote
+  # it, or of the round in flight at the kill (written, maybe flushed, not
+  # yet logged).  The storm stays below 32M, the tracker at 40M and above.
+  n=$("$PY" - "$T/durable.txt" "$T/k.raw" <<'PYEOF'
+import sys
+rounds = [int(x) for x in open(sys.argv[1]).read().split()]
+last = max(rounds) if rounds else 0
+def blocks(r):
+    return [(40 << 20) + ((r * 7919 + k * 104729) % 4096) * 4096 for k in range(16)]
+want = {}
+for r in range(1, last + 1):
+    for b in blocks(r):
+        want[b] = {r % 250 + 1}
+# The round in flight may or may not have landed; a block it alone wrote
+# may still be zero.
+for b in blocks(last + 1):
+    want.setdefault(b, {0}).add((last + 1) % 250 + 1)
+img = open(sys.argv[2], "rb").read()
+bad = 0
+for b, pats in want.items():
+    data = img[b:b + 4096]
+    if data.count(data[0]) == 4096 and data[0] in pats:
+        continue
+    bad += 1
+    print("block %d holds %r..., want one of %r" % (b, data[:4], pats), file=sys.stderr)
+print(len(want) if not bad else -bad)
+PYEOF
+)
+  [ "${n:--1}" -ge 0 ] || fail "kill $i: flushed writes lost ($n)"
+  ok "kill $i: check exit $rc, $n flushed blocks verified"
 done
