@@ -243,6 +243,18 @@ static int build_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return 0;
 }
 
+/* Whether guest CLUSTER, mapped by ENTRY, reads as zeroes throughout. */
+static bool reads_zero(const struct qcow2dev *q, uint64_t cluster,
+                       uint64_t entry) {
+  if (entry & QCOW2_L2_COMPRESSED)
+    return false;
+  if ((entry & QCOW2_L2_ZERO) && q->g.v3)
+    return true;
+  if (entry & QCOW2_OFFSET_MASK)
+    return false;
+  return !q->backing || (cluster << q->h.cluster_bits) >= q->backing->size;
+}
+
 static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                           const uint8_t *buf, uint64_t n, uint64_t entry) {
   struct inflight f = {cluster, q->inflight};
@@ -254,12 +266,17 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   grow_file(q);
   pthread_mutex_unlock(&q->meta);
 
-  uint8_t *data = malloc(q->csize);
-  if (r == 0)
+  if (r == 0 && reads_zero(q, cluster, entry)) {
+    /* A fresh cluster at the end of the file already reads as zeroes:
+     * write only the new bytes. */
+    r = qcow2_pwrite_all(q->fd, buf, n, host + in);
+  } else if (r == 0) {
+    uint8_t *data = malloc(q->csize);
     r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
-  if (r == 0)
-    r = qcow2_pwrite_all(q->fd, data, q->csize, host);
-  free(data);
+    if (r == 0)
+      r = qcow2_pwrite_all(q->fd, data, q->csize, host);
+    free(data);
+  }
 
   pthread_mutex_lock(&q->meta);
   if (r == 0)
@@ -297,7 +314,9 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     free(z);
     return r;
   }
-  if (r == 0)
+  if (r == 0 && !buf && reads_zero(q, cluster, entry))
+    r = 0; /* zeroes over zeroes: nothing to do */
+  else if (r == 0)
     r = allocate_write(q, cluster, in, buf, n, entry);
   pthread_mutex_unlock(&q->meta);
   return r;
