@@ -79,6 +79,9 @@ static int check_features(struct qcow2_header *h, char *err, size_t errlen) {
     return fail(err, errlen, -EINVAL, "invalid refcount order %u",
                 h->refcount_order);
   bool ctype = h->incompatible & QCOW2_INCOMPAT_COMPRESSION;
+  if (ctype && h->compression_type == 0)
+    return fail(err, errlen, -EINVAL,
+                "compression type bit set with compression type 0");
   if (ctype && h->compression_type != 1)
     return fail(err, errlen, -ENOTSUP, "unknown compression type %u",
                 h->compression_type);

@@ -59,7 +59,8 @@ int qcow2_decode_l2(const struct qcow2_geom *g, uint64_t entry, uint64_t bitmap,
     max = csize - in;
   *run = (struct qcow2_run){.length = max};
   if (entry & QCOW2_L2_COMPRESSED) {
-    if (g->extended_l2 && bitmap != 0)
+    /* Images with an external data file have no compressed clusters. */
+    if ((g->extended_l2 && bitmap != 0) || g->data_file)
       return -EIO;
     int r = decode_compressed(g, entry, in, run);
     run->length = max;

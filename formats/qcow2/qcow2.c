@@ -151,6 +151,11 @@ static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
   if (run->kind == QCOW2_DATA && q->data_fd == q->fd &&
       run->host - in >= file_limit(q))
     return corrupt(q, "data cluster past the end of the file", run->host - in);
+  /* In an external data file guest clusters sit at their guest offset. */
+  if (run->kind == QCOW2_DATA && q->g.data_file &&
+      run->host - in != cluster << q->h.cluster_bits)
+    return corrupt(q, "data file cluster not at its guest offset",
+                   run->host - in);
   if (run->kind == QCOW2_COMPRESSED && run->coffset >= file_limit(q))
     return corrupt(q, "compressed cluster past the end of the file",
                    run->coffset);
