@@ -309,12 +309,13 @@ static int ref_read(const struct ref *q, uint8_t *out, uint64_t len,
     case QCOW2_DATA:
       if (q->data_is_image && run.host - in >= q->size)
         return -EIO;
+      /* An external data file holds each cluster at its guest offset. */
+      if (q->g.data_file && run.host - in != cluster << q->h->cluster_bits)
+        return -EIO;
       copy_or_zero(out, q->data, q->data_size, run.host, run.length);
       break;
     case QCOW2_COMPRESSED: {
-      /* From the image file, as the reader does, even with an external
-       * data file (where the spec has no compressed clusters: see
-       * l2/compressed_with_external_data_file in tests/unit/test-qcow2.c). */
+      /* Never with an external data file: qcow2_decode_l2 says -EIO. */
       if (run.coffset >= q->size)
         return -EIO;
       uint64_t c =
