@@ -2,35 +2,47 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server.h"
+#include "commands.h"
 
 #define BLOCKPORT_VERSION "0.1.0"
 
-static const char usage[] =
-    "Usage: blockport COMMAND [OPTIONS] ...\n"
-    "Serve and reach disk images: raw files today, over NBD.\n"
-    "\n"
-    "Commands:\n"
-    "  serve     serve images over NBD (blockport serve --help)\n"
-    "\n"
-    "  blockport --version | --help\n";
+static const struct command {
+  const char *name;
+  int (*main)(int argc, char **argv);
+  const char *summary;
+} commands[] = {
+    {"serve", serve_main, "serve images over NBD"},
+    /* Image tools: keep in the order `qemu-img` users know. */
+};
+
+static void usage(FILE *f) {
+  fputs("Usage: blockport COMMAND [OPTIONS] ...\n"
+        "Serve and reach disk images (raw, qcow2).\n\nCommands:\n",
+        f);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-9s %s (blockport %s --help)\n", commands[i].name,
+            commands[i].summary, commands[i].name);
+  fputs("\n  blockport --version | --help\n", f);
+}
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fputs(usage, stderr);
+    usage(stderr);
     return 2;
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-    fputs(usage, stdout);
+    usage(stdout);
     return 0;
   }
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
     printf("blockport %s\n", BLOCKPORT_VERSION);
     return 0;
   }
-  if (!strcmp(cmd, "serve"))
-    return serve_main(argc - 1, argv + 1);
-  fprintf(stderr, "blockport: unknown command '%s'\n%s", cmd, usage);
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(cmd, commands[i].name))
+      return commands[i].main(argc - 1, argv + 1);
+  fprintf(stderr, "blockport: unknown command '%s'\n", cmd);
+  usage(stderr);
   return 2;
 }

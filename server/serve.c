@@ -21,6 +21,7 @@
 #include "../core/blockdev.h"
 #include "../core/log.h"
 #include "../core/pool.h"
+#include "commands.h"
 #include "nbd-protocol.h"
 #include "server.h"
 

@@ -46,6 +46,4 @@ bool conn_start(struct server *srv, int fd, const char *peer);
 /* Stop reading from every connection (HOW as for shutdown(2)). */
 void conn_shutdown_all(struct server *srv, int how);
 
-int serve_main(int argc, char **argv);
-
 #endif

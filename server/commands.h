@@ -1,0 +1,8 @@
+/* The subcommands of the blockport program: each takes argc/argv starting
+ * at its own name and returns the process exit status. */
+#ifndef BLOCKPORT_COMMANDS_H
+#define BLOCKPORT_COMMANDS_H
+
+int serve_main(int argc, char **argv);
+
+#endif
