@@ -4,5 +4,6 @@
 #define BLOCKPORT_COMMANDS_H
 
 int serve_main(int argc, char **argv);
+int check_main(int argc, char **argv);
 
 #endif

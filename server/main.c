@@ -13,6 +13,7 @@ static const struct command {
 } commands[] = {
     {"serve", serve_main, "serve images over NBD"},
     /* Image tools: keep in the order `qemu-img` users know. */
+    {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
 };
 
 static void usage(FILE *f) {

@@ -19,6 +19,7 @@
 #include "../../core/blockdev.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
+#include "check.h"
 #include "qcow2-internal.h"
 
 /* ---- clusters in flight ---- */
@@ -468,12 +469,24 @@ static int refuse(struct qcow2dev *q, const char *why) {
   return -ENOTSUP;
 }
 
+/* Lazy refcounts left dirty by a crash: the refcounts cannot be trusted,
+ * so they are rebuilt from the metadata before anything is written, and
+ * then the dirty bit is cleared. */
+static int repair_dirty(struct qcow2dev *q) {
+  log_info("qcow2 %s: dirty image: rebuilding refcounts", q->path);
+  int r = qcow2_rebuild_refcounts(q);
+  if (r == 0) {
+    q->h.incompatible &= ~QCOW2_INCOMPAT_DIRTY;
+    r = write_be64(q, 72, q->h.incompatible);
+  }
+  if (r == 0)
+    r = datasync(q);
+  return r;
+}
+
 int qcow2_open_writable(struct qcow2dev *q) {
   if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
     return refuse(q, "the image is marked corrupt");
-  if (q->h.incompatible & QCOW2_INCOMPAT_DIRTY)
-    return refuse(q, "the image is dirty (lazy refcounts); repair it with "
-                     "qemu-img check -r all");
   if (q->g.extended_l2)
     return refuse(q, "writing extended L2 (subcluster) images is not "
                      "supported yet");
@@ -482,7 +495,8 @@ int qcow2_open_writable(struct qcow2dev *q) {
                      "supported yet");
   pthread_mutex_init(&q->meta, NULL);
   pthread_cond_init(&q->alloc_done, NULL);
-  int r = qcow2_rc_init(q);
+  int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q)
+                                                     : qcow2_rc_init(q);
   if (r < 0)
     return r;
   /* Autoclear features we do not maintain (bitmaps) must be cleared before

@@ -1,0 +1,98 @@
+#!/bin/bash
+# blockport check against qemu-img check, on clean, leaky, corrupted and
+# dirty images; --repair and the repair of dirty images at a writable open.
+source "$(dirname "$0")/lib.sh"
+require qemu-img qemu-io
+
+# bp_check IMAGE [ARGS]: prints output, sets RC.
+bp_check() {
+  RC=0
+  "$BLOCKPORT" check "$@" >"$T/bp.txt" 2>&1 || RC=$?
+}
+qemu_rc() { local rc=0; qemu-img check "$1" >"$T/q.txt" 2>&1 || rc=$?; echo $rc; }
+
+check "clean images: both checkers say 0"
+for opts in cluster_size=512 cluster_size=4096,refcount_bits=1 \
+            refcount_bits=64 compat=0.10 extended_l2=on; do
+  rm -f "$T/c.qcow2"
+  qemu-img create -f qcow2 -o "$opts" "$T/c.qcow2" 32M >/dev/null
+  qemu-io -f qcow2 -c 'write -P 1 0 3M' -c 'write -z 8M 1M' \
+    -c 'write -P 2 20M 64k' "$T/c.qcow2" >/dev/null
+  bp_check "$T/c.qcow2"
+  [ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "$opts: blockport check exit $RC"; }
+  ok "$opts"
+done
+
+check "snapshots: shared clusters are counted once per L1 table"
+qemu-img create -f qcow2 "$T/s.qcow2" 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 1 0 2M' "$T/s.qcow2" >/dev/null
+qemu-img snapshot -c s1 "$T/s.qcow2"
+qemu-io -f qcow2 -c 'write -P 2 1M 2M' "$T/s.qcow2" >/dev/null
+qemu-img snapshot -c s2 "$T/s.qcow2"
+bp_check "$T/s.qcow2"
+[ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "snapshots: exit $RC"; }
+ok "clean with two snapshots"
+
+check "a leak (a snapshot that 1-bit refcounts cannot hold): exit 3; --repair leaks mends it"
+qemu-img create -f qcow2 -o refcount_bits=1 "$T/l.qcow2" 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 1 0 2M' "$T/l.qcow2" >/dev/null
+qemu-img snapshot -c s1 "$T/l.qcow2" 2>/dev/null || true
+[ "$(qemu_rc "$T/l.qcow2")" = 3 ] || skip "qemu-img did not leave the expected leak"
+bp_check "$T/l.qcow2"
+[ $RC -eq 3 ] || { cat "$T/bp.txt"; fail "leak: exit $RC, want 3"; }
+grep -q "Leaked cluster" "$T/bp.txt" || fail "leak not named"
+bp_check --repair leaks "$T/l.qcow2"
+[ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "--repair leaks: exit $RC"; }
+[ "$(qemu_rc "$T/l.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after repair"; }
+qemu-io -f qcow2 -r -c 'read -P 1 0 2M' "$T/l.qcow2" >/dev/null || fail "data after repair"
+ok "leak found and mended"
+
+check "a corruption (refcount 0 under a used cluster): exit 2; leaks-only repair refuses, --repair all mends"
+qemu-img create -f qcow2 "$T/k.qcow2" 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 3 0 1M' "$T/k.qcow2" >/dev/null
+# Zero the refcount of the first data cluster: its host offset from the L2.
+"$PY" - "$T/k.qcow2" <<'PYEOF'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(104)
+cb = struct.unpack(">I", h[20:24])[0]; cs = 1 << cb
+l1 = struct.unpack(">Q", h[40:48])[0]; rt = struct.unpack(">Q", h[48:56])[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2); data = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(rt); blk = struct.unpack(">Q", f.read(8))[0]
+f.seek(blk + (data // cs) * 2); f.write(b"\0\0")
+PYEOF
+[ "$(qemu_rc "$T/k.qcow2")" = 2 ] || { cat "$T/q.txt"; fail "patch did not corrupt"; }
+bp_check "$T/k.qcow2"
+[ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "corruption: exit $RC, want 2"; }
+bp_check --repair leaks "$T/k.qcow2"
+[ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "leaks-only repair: exit $RC, want 2"; }
+bp_check --repair all "$T/k.qcow2"
+[ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "--repair all: exit $RC"; }
+[ "$(qemu_rc "$T/k.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after repair"; }
+qemu-io -f qcow2 -r -c 'read -P 3 0 1M' "$T/k.qcow2" >/dev/null || fail "data after repair"
+ok "corruption found and mended"
+
+check "a dirty image (lazy refcounts, killed): check reports it; serving it writable repairs it first"
+qemu-img create -f qcow2 -o lazy_refcounts=on "$T/d.qcow2" 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 4 0 3M' -c 'write -P 5 10M 64k' -c flush \
+  -c 'sigraise 9' "$T/d.qcow2" >/dev/null 2>&1 || true
+qemu-img info --output=json "$T/d.qcow2" | grep -q "\"dirty-flag\": true" || skip "qemu-io left no dirty image"
+bp_check "$T/d.qcow2"
+[ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "dirty: exit $RC, want 2"; }
+start_server "$T/d.qcow2"
+run qemu-io -f raw -c 'write -P 6 20M 1M' "$URI" >/dev/null || fail "write to a dirty image"
+stop_server
+grep -q "rebuilding refcounts" "$T/server.log" || fail "no repair logged"
+[ "$(qemu_rc "$T/d.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after serving"; }
+qemu-img info --output=json "$T/d.qcow2" | grep -q "\"dirty-flag\": true" && fail "still dirty"
+qemu-io -f qcow2 -r -c 'read -P 4 0 3M' -c 'read -P 5 10M 64k' \
+  -c 'read -P 6 20M 1M' "$T/d.qcow2" >"$T/r.txt" || fail "data after repair"
+grep -q "Pattern verification failed" "$T/r.txt" && fail "data after repair differs"
+ok "dirty image repaired at open, data intact"
+
+check "not a qcow2 image: exit 1"
+truncate -s 1M "$T/raw.img"
+bp_check "$T/raw.img"
+[ $RC -eq 1 ] || fail "raw image: exit $RC, want 1"
+ok "refused"
