@@ -198,6 +198,64 @@ static int compare(struct qcow2dev *q, struct refs *r,
   return 0;
 }
 
+/* COPIED must be set exactly on the active image's entries whose cluster
+ * has one reference.  Counted as corruptions; FIX rewrites the flags. */
+static bool copied_wrong(const struct refs *r, uint64_t entry, uint64_t host) {
+  uint64_t c = host >> r->q->h.cluster_bits;
+  bool want = c < r->count && r->n[c] == 1;
+  return want != !!(entry & QCOW2_L2_COPIED);
+}
+
+static int check_copied_l2(struct refs *r, uint64_t l2off, uint8_t *tbl,
+                           bool fix, uint64_t *bad) {
+  struct qcow2dev *q = r->q;
+  unsigned esize = q->g.extended_l2 ? 16 : 8;
+  int e = read_at(q, tbl, q->csize, l2off);
+  for (uint64_t i = 0; e == 0 && i < q->csize / esize; i++) {
+    uint64_t entry = get_be64(tbl + i * esize);
+    uint64_t host = entry & QCOW2_OFFSET_MASK;
+    if ((entry & QCOW2_L2_COMPRESSED) || !host || q->g.data_file ||
+        !copied_wrong(r, entry, host))
+      continue;
+    (*bad)++;
+    if (r->report)
+      fprintf(r->report, "ERROR OFLAG_COPIED data cluster: l2_entry=%llx\n",
+              (unsigned long long)entry);
+    if (fix) {
+      uint8_t b[8];
+      put_be64(b, entry ^ QCOW2_L2_COPIED);
+      e = qcow2_pwrite_all(q->fd, b, 8, l2off + i * esize);
+    }
+  }
+  return e;
+}
+
+static int check_copied(struct refs *r, bool fix, uint64_t *bad) {
+  struct qcow2dev *q = r->q;
+  uint8_t *tbl = malloc(q->csize);
+  int e = tbl ? 0 : -ENOMEM;
+  for (uint32_t i = 0; e == 0 && i < q->h.l1_size; i++) {
+    uint64_t l1e = q->l1[i], l2off = l1e & QCOW2_OFFSET_MASK;
+    if (!l2off || l2off & (q->csize - 1) || l2off >= q->file_size)
+      continue;
+    if (copied_wrong(r, l1e, l2off)) {
+      (*bad)++;
+      if (r->report)
+        fprintf(r->report, "ERROR OFLAG_COPIED L2 cluster: l1_index=%u\n", i);
+      if (fix) {
+        q->l1[i] = l1e ^ QCOW2_L2_COPIED;
+        uint8_t b[8];
+        put_be64(b, q->l1[i]);
+        e = qcow2_pwrite_all(q->fd, b, 8, q->h.l1_offset + i * 8ull);
+      }
+    }
+    if (e == 0)
+      e = check_copied_l2(r, l2off, tbl, fix, bad);
+  }
+  free(tbl);
+  return e;
+}
+
 int qcow2_check(struct qcow2dev *q, FILE *report,
                 struct qcow2_check_result *res) {
   memset(res, 0, sizeof *res);
@@ -210,6 +268,8 @@ int qcow2_check(struct qcow2dev *q, FILE *report,
   int e = count_refs(q, &r, true);
   if (e == 0)
     e = compare(q, &r, res);
+  if (e == 0)
+    e = check_copied(&r, false, &res->corruptions);
   res->clusters = r.count;
   free(r.n);
   return e;
@@ -306,8 +366,11 @@ int qcow2_rebuild_refcounts(struct qcow2dev *q) {
                  q->path, (unsigned long long)r.errors);
     e = -EIO;
   }
+  uint64_t fixed = 0;
   if (e == 0)
     e = write_structures(q, &r);
+  if (e == 0)
+    e = check_copied(&r, true, &fixed);
   free(r.n);
   if (e == 0) {
     free(q->reftable);

@@ -73,6 +73,27 @@ bp_check --repair all "$T/k.qcow2"
 qemu-io -f qcow2 -r -c 'read -P 3 0 1M' "$T/k.qcow2" >/dev/null || fail "data after repair"
 ok "corruption found and mended"
 
+check "a wrong COPIED flag: exit 2 from both checkers; --repair all sets it right"
+qemu-img create -f qcow2 "$T/o.qcow2" 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 7 0 1M' "$T/o.qcow2" >/dev/null
+"$PY" - "$T/o.qcow2" <<'PYEOF'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(104)
+l1 = struct.unpack(">Q", h[40:48])[0]
+f.seek(l1); l2 = struct.unpack(">Q", f.read(8))[0] & 0x00fffffffffffe00
+f.seek(l2); e = struct.unpack(">Q", f.read(8))[0]
+f.seek(l2); f.write(struct.pack(">Q", e & ~(1 << 63)))
+PYEOF
+[ "$(qemu_rc "$T/o.qcow2")" = 2 ] || { cat "$T/q.txt"; fail "patch did not clear COPIED"; }
+bp_check "$T/o.qcow2"
+[ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "COPIED: exit $RC, want 2"; }
+grep -q OFLAG_COPIED "$T/bp.txt" || fail "COPIED error not named"
+bp_check --repair all "$T/o.qcow2"
+[ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "--repair all: exit $RC"; }
+[ "$(qemu_rc "$T/o.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after repair"; }
+ok "COPIED found and set right"
+
 check "a dirty image (lazy refcounts, killed): check reports it; serving it writable repairs it first"
 qemu-img create -f qcow2 -o lazy_refcounts=on "$T/d.qcow2" 32M >/dev/null
 qemu-io -f qcow2 -c 'write -P 4 0 3M' -c 'write -P 5 10M 64k' -c flush \

@@ -109,7 +109,7 @@ time_based=1
 runtime=20
 [s]
 J
-for i in 1 2 3 4 5; do
+for i in $(seq 1 12); do
   rm -f "$T/k.qcow2"
   qemu-img create -f qcow2 -o cluster_size=$((4096 << (i % 3 * 2))) "$T/k.qcow2" 64M >/dev/null
   # Data written and flushed before the storm must survive the kill.
