@@ -86,7 +86,7 @@ void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
 int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
 /* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
-                 uint64_t *entry);
+                 uint64_t *entry, uint64_t *bitmap);
 /* The same from cached slices only: -EAGAIN when it would read the file. */
 int qcow2_lookup_nowait(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                         uint64_t *entry, uint64_t *bitmap);

@@ -116,9 +116,8 @@ static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
 }
 
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
-                 uint64_t *entry) {
-  uint64_t bitmap;
-  return lookup(q, cluster, l2off, entry, &bitmap);
+                 uint64_t *entry, uint64_t *bitmap) {
+  return lookup(q, cluster, l2off, entry, bitmap);
 }
 
 int qcow2_lookup_nowait(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,

@@ -90,18 +90,21 @@ static int set_l1(struct qcow2dev *q, uint64_t l1i, uint64_t value) {
   return r;
 }
 
-/* The entry is set in a cached slice that stays pinned until written. */
+/* The entry (and, with extended L2, its subcluster bitmap) is set in a
+ * cached slice that stays pinned until written. */
 static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
-                  uint64_t value) {
+                  uint64_t value, uint64_t bitmap) {
   uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
   size_t idx;
   uint64_t key = qcow2_slice_key(q, l2off, l2i, &idx);
-  struct pending p = {.a = l2off + l2i * 8};
+  struct pending p = {.a = l2off + l2i * (q->g.extended_l2 ? 16 : 8)};
   int err = 0;
   uint64_t *e =
       (uint64_t *)l2cache_get(q->cache, key, qcow2_load_slice, q, &p.pin, &err);
   if (!e)
     return err;
+  if (q->g.extended_l2)
+    __atomic_store_n(&e[idx + 1], bitmap, __ATOMIC_RELEASE);
   __atomic_store_n(&e[idx], value, __ATOMIC_RELEASE);
   p.b = idx;
   err = push(&q->pend_l2, &q->npend_l2, &q->cap_pend_l2, sizeof p, &p);
@@ -137,6 +140,9 @@ static int sync_metadata(struct qcow2dev *q) {
     const uint64_t *e = qcow2_slice_entries(p->pin);
     if (r == 0)
       r = write_be64(q, p->a, __atomic_load_n(&e[p->b], __ATOMIC_ACQUIRE));
+    if (r == 0 && q->g.extended_l2)
+      r = write_be64(q, p->a + 8,
+                     __atomic_load_n(&e[p->b + 1], __ATOMIC_ACQUIRE));
     l2cache_put(q->cache, p->pin);
   }
   q->npend_l1 = q->npend_l2 = 0;
@@ -223,9 +229,28 @@ static int writable_l2(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off) {
 
 /* ---- writing one cluster ---- */
 
-static bool owned_data(uint64_t entry) {
-  return !(entry & (QCOW2_L2_COMPRESSED | QCOW2_L2_ZERO)) &&
-         (entry & QCOW2_OFFSET_MASK) && (entry & QCOW2_L2_COPIED);
+#define EXT_ALL_ALLOCATED 0x00000000ffffffffull
+#define EXT_ALL_ZERO 0xffffffff00000000ull
+
+/* Subclusters [in, in+n) of a cluster, as a mask of bits 0-31. */
+static uint64_t sc_mask(const struct qcow2dev *q, uint32_t in, uint64_t n) {
+  unsigned bits = q->h.cluster_bits - 5;
+  unsigned first = in >> bits, last = (unsigned)((in + n - 1) >> bits);
+  return ((2ull << last) - 1) & ~((1ull << first) - 1);
+}
+
+/* A cluster the image owns alone, whose bytes [in, in+n) can be written in
+ * place (with extended L2: their subclusters are allocated).  N 0 asks
+ * only whether the image owns the cluster. */
+static bool owned_data(const struct qcow2dev *q, uint64_t entry,
+                       uint64_t bitmap, uint32_t in, uint64_t n) {
+  if ((entry & QCOW2_L2_COMPRESSED) || !(entry & QCOW2_OFFSET_MASK) ||
+      !(entry & QCOW2_L2_COPIED))
+    return false;
+  if (!q->g.extended_l2)
+    return !(entry & QCOW2_L2_ZERO);
+  uint64_t need = n ? sc_mask(q, in, n) : 0;
+  return (bitmap & need) == need;
 }
 
 /* New contents for guest CLUSTER: its current contents with BUF laid over
@@ -244,20 +269,27 @@ static int build_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return 0;
 }
 
-/* Whether guest CLUSTER, mapped by ENTRY, reads as zeroes throughout. */
+/* Whether guest CLUSTER, mapped by ENTRY and BITMAP, reads as zeroes
+ * throughout. */
 static bool reads_zero(const struct qcow2dev *q, uint64_t cluster,
-                       uint64_t entry) {
+                       uint64_t entry, uint64_t bitmap) {
   if (entry & QCOW2_L2_COMPRESSED)
     return false;
+  bool no_backing =
+      !q->backing || (cluster << q->h.cluster_bits) >= q->backing->size;
+  if (q->g.extended_l2) {
+    if (bitmap & EXT_ALL_ALLOCATED)
+      return false;
+    return (bitmap & EXT_ALL_ZERO) == EXT_ALL_ZERO || no_backing;
+  }
   if ((entry & QCOW2_L2_ZERO) && q->g.v3)
     return true;
-  if (entry & QCOW2_OFFSET_MASK)
-    return false;
-  return !q->backing || (cluster << q->h.cluster_bits) >= q->backing->size;
+  return !(entry & QCOW2_OFFSET_MASK) && no_backing;
 }
 
 static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
-                          const uint8_t *buf, uint64_t n, uint64_t entry) {
+                          const uint8_t *buf, uint64_t n, uint64_t entry,
+                          uint64_t bitmap) {
   struct inflight f = {cluster, q->inflight};
   q->inflight = &f;
   uint64_t l2off, host = 0;
@@ -267,7 +299,7 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   grow_file(q);
   pthread_mutex_unlock(&q->meta);
 
-  if (r == 0 && reads_zero(q, cluster, entry)) {
+  if (r == 0 && reads_zero(q, cluster, entry, bitmap)) {
     /* A fresh cluster at the end of the file already reads as zeroes:
      * write only the new bytes. */
     r = qcow2_pwrite_all(q->fd, buf, n, host + in);
@@ -280,8 +312,11 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   }
 
   pthread_mutex_lock(&q->meta);
+  /* With extended L2 the whole new cluster was written: every subcluster
+   * is allocated. */
   if (r == 0)
-    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED);
+    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
+               q->g.extended_l2 ? EXT_ALL_ALLOCATED : 0);
   if (r == 0)
     r = release_entry(q, entry);
   if (r == 0)
@@ -303,9 +338,9 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                          const uint8_t *buf, uint64_t n) {
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
-  uint64_t l2off, entry;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry);
-  if (r == 0 && owned_data(entry)) {
+  uint64_t l2off, entry, bitmap;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r == 0 && owned_data(q, entry, bitmap, in, n)) {
     pthread_mutex_unlock(&q->meta);
     uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
     if (buf)
@@ -315,10 +350,10 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     free(z);
     return r;
   }
-  if (r == 0 && !buf && reads_zero(q, cluster, entry))
+  if (r == 0 && !buf && reads_zero(q, cluster, entry, bitmap))
     r = 0; /* zeroes over zeroes: nothing to do */
   else if (r == 0)
-    r = allocate_write(q, cluster, in, buf, n, entry);
+    r = allocate_write(q, cluster, in, buf, n, entry, bitmap);
   pthread_mutex_unlock(&q->meta);
   return r;
 }
@@ -338,7 +373,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
               ? -EAGAIN
               : qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
   pthread_mutex_unlock(&q->meta);
-  if (r < 0 || !owned_data(entry))
+  if (r < 0 || !owned_data(q, entry, bitmap, in, len))
     return -EAGAIN;
   return qcow2_pwrite_all(q->fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
 }
@@ -383,22 +418,23 @@ int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
 
 /* ---- zero and trim ---- */
 
-/* Replace the entry of a whole guest cluster (zero flag or unallocated),
- * dropping what it held unless KEEP asks to keep its own cluster. */
+/* Replace the entry of a whole guest cluster (zero or unallocated: VALUE
+ * and, with extended L2, VBITMAP), dropping what it held unless KEEP asks to
+ * keep its own cluster. */
 static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
-                         bool keep) {
+                         uint64_t vbitmap, bool keep) {
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
-  uint64_t l2off, entry;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry);
-  if (r == 0 && keep && owned_data(entry))
+  uint64_t l2off, entry, bitmap;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r == 0 && keep && owned_data(q, entry, bitmap, 0, 0))
     value |= entry & (QCOW2_OFFSET_MASK | QCOW2_L2_COPIED);
-  if (r == 0 && entry != value) {
+  if (r == 0 && (entry != value || bitmap != vbitmap)) {
     if (l2off == 0 || !(q->l1[cluster >> q->l2_bits] & QCOW2_L2_COPIED))
       r = writable_l2(q, cluster, &l2off);
     grow_file(q);
     if (r == 0)
-      r = set_l2(q, l2off, cluster, value);
+      r = set_l2(q, l2off, cluster, value, vbitmap);
     if (r == 0 && !(value & QCOW2_OFFSET_MASK))
       r = release_entry(q, entry);
     if (r == 0)
@@ -413,7 +449,10 @@ static int zero_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   (void)buf;
   if (n < q->csize || !q->g.v3)
     return write_cluster(q, cluster, in, NULL, n);
-  return replace_entry(q, cluster, QCOW2_L2_ZERO, !(flags & BD_F_MAY_TRIM));
+  bool keep = !(flags & BD_F_MAY_TRIM);
+  if (q->g.extended_l2)
+    return replace_entry(q, cluster, 0, EXT_ALL_ZERO, keep);
+  return replace_entry(q, cluster, QCOW2_L2_ZERO, 0, keep);
 }
 
 int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
@@ -438,7 +477,9 @@ static int trim_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
    * data again; a zero cluster does not (version 3 only). */
   if (q->backing && !q->g.v3)
     return 0;
-  return replace_entry(q, cluster, q->backing ? QCOW2_L2_ZERO : 0, false);
+  if (q->g.extended_l2)
+    return replace_entry(q, cluster, 0, q->backing ? EXT_ALL_ZERO : 0, false);
+  return replace_entry(q, cluster, q->backing ? QCOW2_L2_ZERO : 0, 0, false);
 }
 
 int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
@@ -487,9 +528,6 @@ static int repair_dirty(struct qcow2dev *q) {
 int qcow2_open_writable(struct qcow2dev *q) {
   if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
     return refuse(q, "the image is marked corrupt");
-  if (q->g.extended_l2)
-    return refuse(q, "writing extended L2 (subcluster) images is not "
-                     "supported yet");
   if (q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE)
     return refuse(q, "writing images with an external data file is not "
                      "supported yet");

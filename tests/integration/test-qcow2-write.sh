@@ -3,7 +3,7 @@
 # after each workload `qemu-img check` finds no corruption and no leak, and
 # `qemu-img compare` finds the image equal to a raw shadow that received
 # the same writes.  Covers cluster sizes 512 B (refcount table growth) to
-# 2 MiB, refcount widths 1 to 64 bits, version 2, a backing file, a
+# 2 MiB, refcount widths 1 to 64 bits, version 2, extended L2, a backing file, a
 # compressed image, an internal snapshot (which must stay intact), parallel
 # fio writes with verification, and kill -9 in the middle of a write storm.
 source "$(dirname "$0")/lib.sh"
@@ -38,7 +38,8 @@ verify_image() {
 check "fresh images of every geometry: qemu-io workload, check, compare"
 for opts in cluster_size=512 cluster_size=4096,refcount_bits=1 \
             cluster_size=65536 cluster_size=2M,refcount_bits=64 \
-            cluster_size=65536,refcount_bits=8 compat=0.10 lazy_refcounts=on; do
+            cluster_size=65536,refcount_bits=8 compat=0.10 lazy_refcounts=on \
+            extended_l2=on extended_l2=on,cluster_size=2M; do
   rm -f "$T/e.qcow2" "$T/shadow.raw"
   qemu-img create -f qcow2 -o "$opts" "$T/e.qcow2" 40M >/dev/null
   truncate -s 40M "$T/shadow.raw"
@@ -53,6 +54,16 @@ truncate -s 40M "$T/shadow.raw"
 qemu-img create -f qcow2 -b base.raw -F raw "$T/ov.qcow2" 40M >/dev/null
 workload "$T/ov.qcow2" "$T/shadow.raw"
 ok "overlay"
+
+check "an extended L2 overlay: writes into partly allocated subclusters"
+cp "$T/base.raw" "$T/shadow.raw"
+truncate -s 40M "$T/shadow.raw"
+qemu-img create -f qcow2 -o extended_l2=on -b base.raw -F raw "$T/ext.qcow2" 40M >/dev/null
+# qemu-io allocates single subclusters first; blockport then writes around them.
+qemu-io -f qcow2 -c 'write -P 0x77 8k 4k' -c 'write -z 100k 2k' "$T/ext.qcow2" >/dev/null
+qemu-io -f raw -c 'write -P 0x77 8k 4k' -c 'write -z 100k 2k' "$T/shadow.raw" >/dev/null
+workload "$T/ext.qcow2" "$T/shadow.raw"
+ok "extended L2 overlay"
 
 check "a compressed image: writes into compressed clusters"
 qemu-img convert -c -O qcow2 "$T/base.raw" "$T/comp.qcow2"
