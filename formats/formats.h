@@ -4,6 +4,7 @@
 #define BLOCKPORT_FORMATS_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct bd;
 
@@ -11,5 +12,7 @@ struct bd *raw_open(const char *path, bool readonly);
 struct bd *null_open(const char *size);
 struct bd *memory_open(const char *size);
 struct bd *qcow2_open(const char *path, bool readonly);
+/* L2 cache of each qcow2 image opened from now on, in bytes. */
+extern uint64_t qcow2_l2_cache_bytes;
 
 #endif

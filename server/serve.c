@@ -21,6 +21,7 @@
 #include "../core/blockdev.h"
 #include "../core/log.h"
 #include "../core/pool.h"
+#include "../formats/formats.h"
 #include "commands.h"
 #include "nbd-protocol.h"
 #include "server.h"
@@ -60,6 +61,9 @@ static const char serve_usage[] =
     "256)\n"
     "      --max-inflight-bytes SIZE  payload in flight per connection "
     "(default 64M)\n"
+    "      --l2-cache-size SIZE  qcow2 L2 cache per image (default 32M: maps "
+    "256G\n"
+    "                            of 64k clusters)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n"
     "  -h, --help                show this help\n";
@@ -340,6 +344,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"max-connections", required_argument, NULL, 'c'},
       {"max-requests", required_argument, NULL, 'R'},
       {"max-inflight-bytes", required_argument, NULL, 'B'},
+      {"l2-cache-size", required_argument, NULL, 'L'},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -372,6 +377,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       break;
     case 'B':
       if (bd_parse_size(optarg, &lim->max_bytes) < 0 || lim->max_bytes == 0)
+        goto bad;
+      break;
+    case 'L':
+      if (bd_parse_size(optarg, &qcow2_l2_cache_bytes) < 0 ||
+          qcow2_l2_cache_bytes < 65536)
         goto bad;
       break;
     case 'P': o->pid_file = optarg; break;

@@ -19,7 +19,8 @@
 #include "../formats.h"
 #include "qcow2-internal.h"
 
-#define L2_CACHE_BYTES (32u * 1024 * 1024)
+/* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
+uint64_t qcow2_l2_cache_bytes = 32u * 1024 * 1024;
 #define MAX_CHAIN 256
 
 /* ---- I/O helpers ---- */
@@ -540,7 +541,7 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
         .data_file = q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE};
     q->l2_bits = q->h.cluster_bits - (q->g.extended_l2 ? 4 : 3);
     size_t slice = q->csize < 4096 ? q->csize : 4096;
-    q->cache = l2cache_new(slice, L2_CACHE_BYTES);
+    q->cache = l2cache_new(slice, qcow2_l2_cache_bytes);
     r = q->cache ? load_l1(q) : -ENOMEM;
   }
   if (r == 0)
