@@ -5,5 +5,6 @@
 
 int serve_main(int argc, char **argv);
 int check_main(int argc, char **argv);
+int map_main(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const struct command {
     {"serve", serve_main, "serve images over NBD"},
     /* Image tools: keep in the order `qemu-img` users know. */
     {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
+    {"map", map_main, "show where an image's data lives"},
 };
 
 static void usage(FILE *f) {

@@ -17,6 +17,7 @@
 #include "../../core/log.h"
 #include "../../server/wire.h"
 #include "../formats.h"
+#include "../map.h"
 #include "qcow2-internal.h"
 
 /* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
@@ -281,6 +282,51 @@ static int host_extents(struct qcow2dev *q, uint64_t host, uint64_t n,
   return 0;
 }
 
+/* The first run of a map, as qemu-img map reports it: allocated data with
+ * its host offset (and zero over a hole in the host file), zero clusters,
+ * compressed clusters (no offset), and unallocated ranges from the backing
+ * chain one layer down. */
+int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
+              struct map_entry *e) {
+  struct qcow2dev *q = bd->priv;
+  struct qcow2_run run;
+  int r = map_run(q, off, len, &run);
+  if (r < 0)
+    return r;
+  e->length = run.length;
+  switch (run.kind) {
+  case QCOW2_DATA: {
+    struct bd_extents ext;
+    bd_extents_init(&ext, off, 1);
+    r = host_extents(q, run.host, run.length, &ext);
+    if (r == 0 && ext.n > 0) {
+      e->length = ext.v[0].length;
+      e->zero = ext.v[0].flags & BD_EXT_ZERO;
+    }
+    bd_extents_free(&ext);
+    e->present = e->data = e->has_offset = true;
+    e->offset = run.host;
+    return r < 0 ? r : 0;
+  }
+  case QCOW2_COMPRESSED: e->present = e->data = true; return 0;
+  case QCOW2_ZERO: e->present = e->zero = true; break;
+  case QCOW2_UNALLOCATED:
+    if (q->backing)
+      return map_first(q->backing, depth + 1, off, run.length, e);
+    e->zero = true;
+    break;
+  }
+  /* A zero or unallocated (sub)cluster may still sit in a host cluster
+   * (preallocation, extended L2): qemu-img map shows its offset. */
+  uint64_t l2off, entry, bitmap;
+  if (lookup(q, off >> q->h.cluster_bits, &l2off, &entry, &bitmap) == 0 &&
+      (entry & QCOW2_OFFSET_MASK) && !(entry & QCOW2_L2_COMPRESSED)) {
+    e->has_offset = true;
+    e->offset = (entry & QCOW2_OFFSET_MASK) + (off & (q->csize - 1));
+  }
+  return 0;
+}
+
 static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   return qcow2_read(bd->priv, buf, len, off);
 }
@@ -413,8 +459,10 @@ static char *resolve_relative(const char *path, const char *name) {
   char *copy = strdup(path);
   if (!copy)
     return NULL;
-  char *out = NULL;
-  if (asprintf(&out, "%s/%s", dirname(copy), name) < 0)
+  char *out = NULL, *dir = dirname(copy);
+  if (!strcmp(dir, "."))
+    out = strdup(name); /* as QEMU names it: no "./" */
+  else if (asprintf(&out, "%s/%s", dir, name) < 0)
     out = NULL;
   free(copy);
   return out;

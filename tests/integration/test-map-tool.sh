@@ -1,0 +1,40 @@
+#!/bin/bash
+# blockport map --json prints exactly what qemu-img map --output=json prints,
+# on images made by QEMU: allocated, sparse, zero and compressed clusters,
+# preallocation, a depth-3 chain with a short backing file, raw files.
+source "$(dirname "$0")/lib.sh"
+require qemu-img qemu-io
+cd "$T"
+
+mkdir sub
+qemu-img create -f raw sub/base.raw 16M >/dev/null
+qemu-io -f raw -c 'write -P 1 0 4M' -c 'write -P 2 10M 64k' sub/base.raw >/dev/null
+qemu-img create -f qcow2 -b base.raw -F raw sub/mid.qcow2 24M >/dev/null
+qemu-io -f qcow2 -c 'write -P 3 2M 1M' -c 'write -z 12M 64k' sub/mid.qcow2 >/dev/null
+qemu-img create -f qcow2 -o cluster_size=4096 -b sub/mid.qcow2 -F qcow2 top.qcow2 32M >/dev/null
+qemu-io -f qcow2 -c 'write -P 4 100k 8k' -c 'write -z -u 3M 64k' -c 'write -P 5 30M 4k' top.qcow2 >/dev/null
+qemu-img create -f qcow2 -o preallocation=metadata pre.qcow2 8M >/dev/null
+qemu-io -f qcow2 -c 'write -P 6 1M 64k' pre.qcow2 >/dev/null
+head -c 4M /dev/urandom >data.raw; truncate -s 8M data.raw
+qemu-img convert -c -O qcow2 data.raw comp.qcow2
+qemu-img create -f qcow2 -o extended_l2=on ext.qcow2 8M >/dev/null
+qemu-io -f qcow2 -c 'write -P 7 4k 4k' -c 'write -z 64k 2k' ext.qcow2 >/dev/null
+
+check "blockport map --json equals qemu-img map --output=json"
+for img in sub/base.raw sub/mid.qcow2 top.qcow2 pre.qcow2 data.raw comp.qcow2 ext.qcow2; do
+  "$BLOCKPORT" map --json "$img" >bp.json || fail "blockport map $img failed"
+  qemu-img map --output=json "$img" >q.json
+  diff -u q.json bp.json || fail "$img: maps differ"
+  ok "$img"
+done
+
+check "the human table names the same files and offsets"
+"$BLOCKPORT" map top.qcow2 >bp.txt
+qemu-img map top.qcow2 >q.txt
+diff -u <(tr -s ' ' <q.txt) <(tr -s ' ' <bp.txt) || fail "tables differ"
+ok "table"
+
+check "a missing image: exit 1"
+rc=0; "$BLOCKPORT" map nonexistent.qcow2 2>err.txt || rc=$?
+[ $rc -eq 1 ] || fail "exit $rc"
+ok "refused"
