@@ -4,6 +4,8 @@
 #define BLOCKPORT_COMMANDS_H
 
 int serve_main(int argc, char **argv);
+int create_main(int argc, char **argv);
+int info_main(int argc, char **argv);
 int check_main(int argc, char **argv);
 int map_main(int argc, char **argv);
 

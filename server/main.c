@@ -14,6 +14,8 @@ static const struct command {
     {"serve", serve_main, "serve images over NBD"},
     /* Image tools: keep in the order `qemu-img` users know. */
     {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
+    {"create", create_main, "create a raw or qcow2 image"},
+    {"info", info_main, "show facts about an image"},
     {"map", map_main, "show where an image's data lives"},
 };
 

@@ -17,6 +17,7 @@
 #include "../formats.h"
 #include "check.h"
 #include "qcow2-internal.h"
+#include "snapshot.h"
 
 struct refs {
   uint32_t *n;     /* references per host cluster (saturating) */
@@ -114,28 +115,37 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
 /* The snapshot table: its own clusters, and each snapshot's L1 tree. */
 static int walk_snapshots(struct refs *r, uint8_t *tbl) {
   struct qcow2dev *q = r->q;
-  uint64_t off = q->h.snapshots_offset, pos = off;
-  for (uint32_t i = 0; i < q->h.nb_snapshots; i++) {
-    uint8_t hdr[40];
-    if (pos > q->file_size || q->file_size - pos < 40) {
-      problem(r, "snapshot table runs past the end of the file",
-              (unsigned long long)pos);
+  if (q->h.nb_snapshots == 0)
+    return 0;
+  uint64_t avail = q->file_size - q->h.snapshots_offset; /* header checked */
+  size_t len = 64 * 1024;
+  for (;;) {
+    if (len > avail)
+      len = (size_t)avail;
+    uint8_t *buf = malloc(len ? len : 1);
+    int e = buf ? read_at(q, buf, len, q->h.snapshots_offset) : -ENOMEM;
+    struct qcow2_snapshot *snaps = NULL;
+    size_t used = 0;
+    char err[160];
+    if (e == 0)
+      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, q->csize,
+                                q->file_size, &snaps, &used, err, sizeof err);
+    free(buf);
+    if (e == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
+      len *= 4; /* the table is longer: read more */
+      continue;
+    }
+    if (e == -EINVAL || e == -ENOSPC) {
+      problem(r, "invalid snapshot table", q->h.snapshots_offset);
       return 0;
     }
-    int e = read_at(q, hdr, 40, pos);
-    if (e < 0)
-      return e;
-    uint64_t l1off = get_be64(hdr);
-    uint32_t l1size = get_be32(hdr + 8);
-    uint64_t len =
-        40ull + get_be32(hdr + 36) + get_be16(hdr + 12) + get_be16(hdr + 14);
-    pos += (len + 7) & ~7ull;
-    e = walk_l1(r, l1off, l1size, tbl);
-    if (e < 0)
-      return e;
+    for (uint32_t i = 0; e == 0 && i < q->h.nb_snapshots; i++)
+      e = walk_l1(r, snaps[i].l1_offset, snaps[i].l1_size, tbl);
+    if (e == 0)
+      ref_range(r, q->h.snapshots_offset, used);
+    qcow2_free_snapshots(snaps, q->h.nb_snapshots);
+    return e;
   }
-  ref_range(r, off, pos - off);
-  return 0;
 }
 
 static int count_refs(struct qcow2dev *q, struct refs *r, bool with_reftable) {

@@ -1,0 +1,38 @@
+/* qcow2 internal snapshots: parsing the snapshot table from a buffer, with
+ * every length checked before it is used.  Pure, for the unit tests and
+ * `blockport info`. */
+#ifndef BLOCKPORT_QCOW2_SNAPSHOT_H
+#define BLOCKPORT_QCOW2_SNAPSHOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits, as QEMU's. */
+#define QCOW2_MAX_SNAPSHOT_EXTRA 1024
+#define QCOW2_MAX_SNAPSHOTS_BYTES (64u * 1024 * 1024)
+
+struct qcow2_snapshot {
+  uint64_t l1_offset;
+  uint32_t l1_size;
+  char *id; /* NUL-terminated copies */
+  char *name;
+  uint32_t date_sec, date_nsec;
+  uint64_t vm_clock_nsec;
+  uint64_t vm_state_size; /* the 64-bit extra field when present */
+  uint64_t disk_size;     /* virtual size at snapshot time; UINT64_MAX if
+                             not recorded */
+  uint64_t icount;        /* UINT64_MAX if not recorded */
+};
+
+/* Parse NB entries from BUF (LEN bytes, the table starting at offset 0).
+ * CLUSTER_SIZE and FILE_SIZE are used to check each snapshot's L1 table.
+ * Returns 0 with *OUT (free with qcow2_free_snapshots) and *USED (bytes of
+ * the table), -ENOSPC if BUF is too short for the table (read more, up to
+ * QCOW2_MAX_SNAPSHOTS_BYTES, and retry), or -EINVAL with a reason in ERR. */
+int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
+                          uint64_t cluster_size, uint64_t file_size,
+                          struct qcow2_snapshot **out, size_t *used, char *err,
+                          size_t errlen);
+void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb);
+
+#endif

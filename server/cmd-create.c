@@ -1,0 +1,398 @@
+/* blockport create: make a new raw or qcow2 image, as `qemu-img create`. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "../formats/qcow2/create.h"
+#include "commands.h"
+
+static const char create_usage[] =
+    "Usage: blockport create -f FMT [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
+    "[SIZE]\n"
+    "Create a new disk image FILE (an existing file is overwritten).\n"
+    "\n"
+    "FMT is qcow2 or raw.  SIZE takes the suffixes k, M, G, T, P, E (powers\n"
+    "of 1024) and is rounded up to 512 bytes; with a backing file it defaults\n"
+    "to the backing file's size.\n"
+    "\n"
+    "  -f, --format FMT          image format: qcow2 or raw\n"
+    "  -o, --options OPTS        comma separated KEY=VALUE options (below)\n"
+    "  -b, --backing FILE        backing file (qcow2; relative to FILE's "
+    "directory)\n"
+    "  -F, --backing-format FMT  backing file format: raw or qcow2 (default: "
+    "probed)\n"
+    "  -u, --unsafe              do not open the backing file\n"
+    "  -q, --quiet               print nothing on success\n"
+    "  -h, --help                show this help\n"
+    "\n"
+    "qcow2 options:\n"
+    "  cluster_size=SIZE         512 to 2M, a power of two (default 64k)\n"
+    "  compat=0.10|1.1           qcow2 version 2 or 3 (default 1.1)\n"
+    "  backing_file=FILE, backing_fmt=FMT   as -b and -F\n"
+    "  extended_l2=on|off        subclusters (cluster_size >= 16k)\n"
+    "  compression_type=zlib|zstd\n"
+    "  lazy_refcounts=on|off\n"
+    "  refcount_bits=N           1, 2, 4, 8, 16 (default), 32 or 64\n"
+    "  preallocation=off|metadata|falloc|full\n"
+    "raw options:\n"
+    "  preallocation=off|falloc|full\n";
+
+struct create_args {
+  const char *fmt, *file, *backing, *backing_fmt;
+  bool has_size, unsafe, quiet;
+  uint64_t size;
+  struct qcow2_create_opts q;
+  bool raw_opt_seen; /* an option raw does not take */
+  char bad_opt[64];
+};
+
+static int err_usage(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+static int err_usage(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("blockport create: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs("\nTry 'blockport create --help'.\n", stderr);
+  return -1;
+}
+
+static int parse_bool(const char *v, bool *out) {
+  if (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "yes"))
+    *out = true;
+  else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "no"))
+    *out = false;
+  else
+    return -1;
+  return 0;
+}
+
+static int log2_exact(uint64_t v) {
+  if (v == 0 || (v & (v - 1)))
+    return -1;
+  int n = 0;
+  while (v > 1) {
+    v >>= 1;
+    n++;
+  }
+  return n;
+}
+
+static int parse_size_arg(const char *s, uint64_t *out) {
+  if (bd_parse_size(s, out) < 0)
+    return -1;
+  if (*out > UINT64_MAX - 511)
+    return -1;
+  *out = (*out + 511) & ~511ull;
+  return 0;
+}
+
+/* Copies of -o values that outlive the option string. */
+static char *opt_backing, *opt_backing_fmt;
+
+/* One KEY=VALUE option.  Returns 0 or -1 (message printed). */
+static int set_option(struct create_args *a, char *kv) {
+  char *v = strchr(kv, '=');
+  if (!v)
+    return err_usage("option '%s' needs a value (KEY=VALUE)", kv);
+  *v++ = 0;
+  struct qcow2_create_opts *q = &a->q;
+  bool b;
+  uint64_t n;
+  int bits;
+  if (!strcmp(kv, "preallocation")) {
+    if (!strcmp(v, "off"))
+      q->prealloc = QCOW2_PREALLOC_OFF;
+    else if (!strcmp(v, "metadata"))
+      q->prealloc = QCOW2_PREALLOC_METADATA;
+    else if (!strcmp(v, "falloc"))
+      q->prealloc = QCOW2_PREALLOC_FALLOC;
+    else if (!strcmp(v, "full"))
+      q->prealloc = QCOW2_PREALLOC_FULL;
+    else
+      return err_usage("invalid preallocation mode '%s'", v);
+    return 0;
+  }
+  if (!strcmp(kv, "size")) {
+    if (parse_size_arg(v, &a->size) < 0)
+      return err_usage("invalid size '%s'", v);
+    a->has_size = true;
+    return 0;
+  }
+  if (!a->raw_opt_seen)
+    snprintf(a->bad_opt, sizeof a->bad_opt, "%s", kv);
+  a->raw_opt_seen = true;
+  if (!strcmp(kv, "cluster_size")) {
+    if (bd_parse_size(v, &n) < 0 || (bits = log2_exact(n)) < 9 || bits > 21)
+      return err_usage("invalid cluster_size '%s' (a power of two from 512 "
+                       "to 2M)",
+                       v);
+    q->cluster_bits = (unsigned)bits;
+  } else if (!strcmp(kv, "compat")) {
+    if (!strcmp(v, "0.10") || !strcmp(v, "v2"))
+      q->version = 2;
+    else if (!strcmp(v, "1.1") || !strcmp(v, "v3"))
+      q->version = 3;
+    else
+      return err_usage("invalid compat '%s' (0.10 or 1.1)", v);
+  } else if (!strcmp(kv, "backing_file")) {
+    free(opt_backing);
+    a->backing = opt_backing = strdup(v);
+  } else if (!strcmp(kv, "backing_fmt")) {
+    free(opt_backing_fmt);
+    a->backing_fmt = opt_backing_fmt = strdup(v);
+  } else if (!strcmp(kv, "extended_l2")) {
+    if (parse_bool(v, &b) < 0)
+      return err_usage("invalid extended_l2 '%s' (on or off)", v);
+    q->extended_l2 = b;
+  } else if (!strcmp(kv, "lazy_refcounts")) {
+    if (parse_bool(v, &b) < 0)
+      return err_usage("invalid lazy_refcounts '%s' (on or off)", v);
+    q->lazy_refcounts = b;
+  } else if (!strcmp(kv, "compression_type")) {
+    if (!strcmp(v, "zlib"))
+      q->compression_type = 0;
+    else if (!strcmp(v, "zstd"))
+      q->compression_type = 1;
+    else
+      return err_usage("invalid compression_type '%s' (zlib or zstd)", v);
+  } else if (!strcmp(kv, "refcount_bits")) {
+    char *end;
+    errno = 0;
+    unsigned long r = strtoul(v, &end, 10);
+    if (errno || *end || (bits = log2_exact(r)) < 0 || bits > 6)
+      return err_usage("invalid refcount_bits '%s' (1, 2, 4, ... 64)", v);
+    q->refcount_order = (unsigned)bits;
+  } else {
+    return err_usage("unknown option '%s'", kv);
+  }
+  return 0;
+}
+
+static int set_options(struct create_args *a, const char *list) {
+  char *copy = strdup(list);
+  if (!copy)
+    return -1;
+  int r = 0;
+  char *save = NULL;
+  for (char *kv = strtok_r(copy, ",", &save); kv && r == 0;
+       kv = strtok_r(NULL, ",", &save))
+    r = set_option(a, kv);
+  free(copy);
+  return r;
+}
+
+static int parse_args(int argc, char **argv, struct create_args *a) {
+  static const struct option longopts[] = {
+      {"format", required_argument, NULL, 'f'},
+      {"options", required_argument, NULL, 'o'},
+      {"backing", required_argument, NULL, 'b'},
+      {"backing-format", required_argument, NULL, 'F'},
+      {"unsafe", no_argument, NULL, 'u'},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "f:o:b:F:uqh", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'f': a->fmt = optarg; break;
+    case 'o':
+      if (set_options(a, optarg) < 0)
+        return -1;
+      break;
+    case 'b': a->backing = optarg; break;
+    case 'F': a->backing_fmt = optarg; break;
+    case 'u': a->unsafe = true; break;
+    case 'q': a->quiet = true; break;
+    case 'h': fputs(create_usage, stdout); exit(0);
+    default: fputs(create_usage, stderr); return -1;
+    }
+  }
+  if (!a->fmt)
+    return err_usage("%s", "no format given (-f qcow2 or -f raw)");
+  if (strcmp(a->fmt, "qcow2") && strcmp(a->fmt, "raw"))
+    return err_usage("unknown format '%s' (qcow2 or raw)", a->fmt);
+  if (optind >= argc)
+    return err_usage("%s", "no file given");
+  a->file = argv[optind++];
+  if (optind < argc) {
+    if (parse_size_arg(argv[optind], &a->size) < 0)
+      return err_usage("invalid size '%s'", argv[optind]);
+    a->has_size = true;
+    optind++;
+  }
+  if (optind < argc)
+    return err_usage("unexpected argument '%s'", argv[optind]);
+  if (!strcmp(a->fmt, "raw")) {
+    if (a->raw_opt_seen)
+      return err_usage("raw images do not take the option '%s'", a->bad_opt);
+    if (a->backing || a->backing_fmt)
+      return err_usage("%s", "raw images cannot have a backing file");
+    if (a->q.prealloc == QCOW2_PREALLOC_METADATA)
+      return err_usage("%s", "raw images take preallocation=off, falloc or "
+                             "full");
+  }
+  if (a->backing_fmt && strcmp(a->backing_fmt, "raw") &&
+      strcmp(a->backing_fmt, "qcow2"))
+    return err_usage("unknown backing format '%s' (raw or qcow2)",
+                     a->backing_fmt);
+  if (!a->has_size && !a->backing)
+    return err_usage("%s", "no size given");
+  return 0;
+}
+
+/* The backing file as opened: relative to the new image's directory. */
+static char *backing_path(const char *file, const char *backing) {
+  if (backing[0] == '/')
+    return strdup(backing);
+  char *copy = strdup(file), *out = NULL;
+  if (copy && asprintf(&out, "%s/%s", dirname(copy), backing) < 0)
+    out = NULL;
+  free(copy);
+  return out;
+}
+
+/* Probe the backing file's format and size (unless -u). */
+static int check_backing(struct create_args *a) {
+  char *path = backing_path(a->file, a->backing);
+  if (!path) {
+    fprintf(stderr, "blockport create: out of memory\n");
+    return -1;
+  }
+  struct stat bst, fst;
+  if (stat(path, &bst) == 0 && stat(a->file, &fst) == 0 &&
+      bst.st_dev == fst.st_dev && bst.st_ino == fst.st_ino) {
+    fprintf(stderr,
+            "blockport create: %s: the image cannot be its own backing "
+            "file\n",
+            a->file);
+    free(path);
+    return -1;
+  }
+  if (a->unsafe) {
+    free(path);
+    if (!a->has_size) {
+      fprintf(stderr, "blockport create: -u needs a size\n");
+      return -1;
+    }
+    return 0;
+  }
+  if (!a->backing_fmt)
+    a->backing_fmt = bd_probe_format(path);
+  struct bd *b = bd_open(path, a->backing_fmt, true);
+  if (!b) {
+    fprintf(stderr, "blockport create: cannot open backing file %s: %s\n", path,
+            bd_errmsg());
+    free(path);
+    return -1;
+  }
+  if (!a->has_size) {
+    a->size = (b->size + 511) & ~511ull;
+    a->has_size = true;
+  }
+  bd_close(b);
+  free(path);
+  return 0;
+}
+
+static int create_raw(const struct create_args *a, int fd) {
+  if (ftruncate(fd, (off_t)a->size) < 0)
+    return -errno;
+  if (a->q.prealloc == QCOW2_PREALLOC_FALLOC && a->size) {
+    int e = posix_fallocate(fd, 0, (off_t)a->size);
+    if (e)
+      return -e;
+  }
+  if (a->q.prealloc == QCOW2_PREALLOC_FULL) {
+    static const uint8_t zero[65536];
+    for (uint64_t off = 0; off < a->size;) {
+      size_t n =
+          a->size - off < sizeof zero ? (size_t)(a->size - off) : sizeof zero;
+      ssize_t w = pwrite(fd, zero, n, (off_t)off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w < 0)
+        return -errno;
+      off += (uint64_t)w;
+    }
+  }
+  return fdatasync(fd) < 0 ? -errno : 0;
+}
+
+static const char *prealloc_name(enum qcow2_prealloc p) {
+  switch (p) {
+  case QCOW2_PREALLOC_METADATA: return "metadata";
+  case QCOW2_PREALLOC_FALLOC: return "falloc";
+  case QCOW2_PREALLOC_FULL: return "full";
+  default: return "off";
+  }
+}
+
+int create_main(int argc, char **argv) {
+  struct create_args a = {
+      .q = {.version = 3, .cluster_bits = 16, .refcount_order = 4}};
+  if (parse_args(argc, argv, &a) < 0)
+    return 2;
+  if (a.backing && check_backing(&a) < 0)
+    return 1;
+
+  bool qcow2 = !strcmp(a.fmt, "qcow2");
+  struct qcow2_layout l;
+  char err[512];
+  if (qcow2) {
+    a.q.size = a.size;
+    a.q.backing_file = a.backing;
+    a.q.backing_fmt = a.backing ? a.backing_fmt : NULL;
+    if (qcow2_create_layout(&a.q, &l, err, sizeof err) < 0) {
+      fprintf(stderr, "blockport create: %s: %s\n", a.file, err);
+      return 1;
+    }
+  }
+  if (!a.quiet) {
+    printf("Formatting '%s', fmt=%s", a.file, a.fmt);
+    if (qcow2)
+      printf(" cluster_size=%llu compat=%s", (unsigned long long)l.csize,
+             a.q.version == 3 ? "1.1" : "0.10");
+    if (a.backing)
+      printf(" backing_file=%s", a.backing);
+    if (a.backing && a.backing_fmt)
+      printf(" backing_fmt=%s", a.backing_fmt);
+    printf(" preallocation=%s size=%llu\n", prealloc_name(a.q.prealloc),
+           (unsigned long long)a.size);
+    fflush(stdout);
+  }
+
+  int fd = open(a.file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    fprintf(stderr, "blockport create: %s: %s\n", a.file, strerror(errno));
+    return 1;
+  }
+  int r;
+  if (qcow2) {
+    r = qcow2_create_write(fd, &a.q, &l, err, sizeof err);
+  } else {
+    r = create_raw(&a, fd);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", strerror(-r));
+  }
+  if (close(fd) < 0 && r == 0) {
+    r = -errno;
+    snprintf(err, sizeof err, "%s", strerror(errno));
+  }
+  if (r < 0) {
+    fprintf(stderr, "blockport create: %s: %s\n", a.file, err);
+    return 1;
+  }
+  return 0;
+}

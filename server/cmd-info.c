@@ -1,0 +1,614 @@
+/* blockport info: facts about an image, as `qemu-img info` prints them.
+ * Everything read from the file is checked before it is used: a corrupt
+ * image gets a message and exit status 1. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "../formats/qcow2/qcow2.h"
+#include "../formats/qcow2/snapshot.h"
+#include "commands.h"
+#include "wire.h" /* get_be16/32/64 */
+
+#define MAX_CHAIN 256
+#define MAX_BITMAPS 65535
+#define MAX_BITMAP_DIR (64u * 1024 * 1024)
+
+static const char info_usage[] =
+    "Usage: blockport info [OPTIONS] IMAGE\n"
+    "Show the format, sizes and format-specific facts of a disk image.\n"
+    "\n"
+    "  -f, --format FMT    image format instead of probing: raw, qcow2\n"
+    "      --json          print JSON with the field names of `qemu-img info\n"
+    "                      --output=json`\n"
+    "      --output=human|json   the same, as qemu-img spells it\n"
+    "      --backing-chain show every image of the backing chain\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "Exit status: 0 success, 1 the image cannot be read or is corrupt,\n"
+    "2 bad usage.\n";
+
+struct bitmap_info {
+  char *name;
+  uint32_t flags;
+  unsigned granularity_bits;
+};
+
+struct image {
+  char *filename;
+  const char *format;
+  uint64_t vsize, actual, file_size;
+  dev_t dev;
+  ino_t ino;
+  bool qcow2;
+  struct qcow2_header h;
+  char *backing, *full_backing; /* NULL without a backing file */
+  struct qcow2_snapshot *snaps;
+  uint32_t nsnaps;
+  struct bitmap_info *bitmaps;
+  uint32_t nbitmaps;
+};
+
+static char errbuf[512];
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static void free_image(struct image *im) {
+  free(im->filename);
+  free(im->backing);
+  free(im->full_backing);
+  qcow2_free_snapshots(im->snaps, im->nsnaps);
+  for (uint32_t i = 0; i < im->nbitmaps; i++)
+    free(im->bitmaps[i].name);
+  free(im->bitmaps);
+  memset(im, 0, sizeof *im);
+}
+
+static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(fd, p, len, (off_t)off);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    if (n == 0)
+      return -EIO; /* short file: callers checked the size first */
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* The backing file name as QEMU combines it with the image's path. */
+static char *combine_path(const char *image, const char *name) {
+  const char *slash = strrchr(image, '/');
+  if (name[0] == '/' || !slash)
+    return strdup(name);
+  char *out = NULL;
+  if (asprintf(&out, "%.*s%s", (int)(slash - image + 1), image, name) < 0)
+    return NULL;
+  return out;
+}
+
+static int read_snapshots(int fd, struct image *im) {
+  const struct qcow2_header *h = &im->h;
+  if (!h->nb_snapshots)
+    return 0;
+  /* qcow2_parse_header checked that the table starts inside the file. */
+  uint64_t avail = im->file_size - h->snapshots_offset;
+  if (avail > QCOW2_MAX_SNAPSHOTS_BYTES)
+    avail = QCOW2_MAX_SNAPSHOTS_BYTES;
+  size_t len = avail < 65536 ? (size_t)avail : 65536;
+  char err[256];
+  for (;;) {
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+      return fail("out of memory");
+    int r = pread_full(fd, buf, len, h->snapshots_offset);
+    size_t used;
+    if (r == 0)
+      r = qcow2_parse_snapshots(buf, len, h->nb_snapshots,
+                                1ull << h->cluster_bits, im->file_size,
+                                &im->snaps, &used, err, sizeof err);
+    else
+      snprintf(err, sizeof err, "%s", strerror(-r));
+    free(buf);
+    if (r == 0) {
+      im->nsnaps = h->nb_snapshots;
+      return 0;
+    }
+    if (r != -ENOSPC || len >= avail)
+      return fail("corrupt snapshot table: %s%s", err,
+                  r == -ENOSPC ? " (past the end of the file)" : "");
+    len = len * 4 < avail ? len * 4 : (size_t)avail;
+  }
+}
+
+/* The bitmaps header extension, then the bitmap directory. */
+static int read_bitmaps(int fd, struct image *im, const uint8_t *hdr,
+                        size_t hlen) {
+  size_t end =
+      hlen < (1ull << im->h.cluster_bits) ? hlen : 1ull << im->h.cluster_bits;
+  size_t off = im->h.header_length;
+  const uint8_t *ext = NULL;
+  while (off + 8 <= end) {
+    uint32_t type = get_be32(hdr + off), elen = get_be32(hdr + off + 4);
+    off += 8;
+    if (type == QCOW2_EXT_END || elen > end - off)
+      break;
+    if (type == QCOW2_EXT_BITMAPS && elen >= 24) {
+      ext = hdr + off;
+      break;
+    }
+    off += ((uint64_t)elen + 7) & ~7ull;
+  }
+  if (!ext || !(im->h.autoclear & QCOW2_AUTOCLEAR_BITMAPS))
+    return 0; /* without the autoclear bit the bitmaps are stale */
+  uint32_t nb = get_be32(ext);
+  uint64_t dsize = get_be64(ext + 8), doff = get_be64(ext + 16);
+  if (nb == 0 || nb > MAX_BITMAPS || dsize > MAX_BITMAP_DIR ||
+      doff > im->file_size || dsize > im->file_size - doff)
+    return fail("corrupt bitmaps extension (%u bitmaps, directory at 0x%llx, "
+                "%llu bytes)",
+                nb, (unsigned long long)doff, (unsigned long long)dsize);
+  uint8_t *dir = malloc(dsize ? dsize : 1);
+  im->bitmaps = calloc(nb, sizeof *im->bitmaps);
+  if (!dir || !im->bitmaps) {
+    free(dir);
+    return fail("out of memory");
+  }
+  int r = pread_full(fd, dir, dsize, doff);
+  size_t p = 0;
+  for (uint32_t i = 0; r == 0 && i < nb; i++) {
+    if (dsize - p < 24) {
+      r = fail("corrupt bitmap directory: entry %u is truncated", i);
+      break;
+    }
+    const uint8_t *e = dir + p;
+    uint32_t name_len = get_be16(e + 18), extra = get_be32(e + 20);
+    uint64_t elen = (24ull + extra + name_len + 7) & ~7ull;
+    if (elen > dsize - p || name_len == 0) {
+      r = fail("corrupt bitmap directory: entry %u is truncated", i);
+      break;
+    }
+    struct bitmap_info *b = &im->bitmaps[i];
+    b->flags = get_be32(e + 12);
+    b->granularity_bits = e[17];
+    b->name = strndup((const char *)e + 24 + extra, name_len);
+    im->nbitmaps = i + 1;
+    if (!b->name || memchr(e + 24 + extra, 0, name_len) ||
+        b->granularity_bits > 63)
+      r = fail("corrupt bitmap directory: entry %u", i);
+    p += elen;
+  }
+  if (r < 0 && !errbuf[0])
+    fail("%s", strerror(-r));
+  free(dir);
+  return r < 0 ? -1 : 0;
+}
+
+static int read_qcow2(int fd, struct image *im) {
+  size_t len = im->file_size < (2u << 20) ? (size_t)im->file_size : (2u << 20);
+  uint8_t *hdr = malloc(len ? len : 1);
+  if (!hdr)
+    return fail("out of memory");
+  char err[256];
+  int r = pread_full(fd, hdr, len, 0);
+  if (r < 0) {
+    free(hdr);
+    return fail("%s", strerror(-r));
+  }
+  r = qcow2_parse_header(hdr, len, im->file_size, &im->h, err, sizeof err);
+  if (r < 0) {
+    free(hdr);
+    return fail("%s", err);
+  }
+  im->vsize = im->h.size;
+  if (im->h.backing_offset) {
+    im->backing =
+        strndup((const char *)hdr + im->h.backing_offset, im->h.backing_size);
+    im->full_backing =
+        im->backing ? combine_path(im->filename, im->backing) : NULL;
+    if (!im->full_backing)
+      r = fail("out of memory");
+  }
+  if (r == 0)
+    r = read_bitmaps(fd, im, hdr, len);
+  free(hdr);
+  if (r == 0)
+    r = read_snapshots(fd, im);
+  return r;
+}
+
+static int read_image(const char *path, const char *format, struct image *im) {
+  memset(im, 0, sizeof *im);
+  errbuf[0] = 0;
+  if (!(im->filename = strdup(path)))
+    return fail("out of memory");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return fail("%s", strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) < 0) {
+    close(fd);
+    return fail("%s", strerror(errno));
+  }
+  im->dev = st.st_dev;
+  im->ino = st.st_ino;
+  im->file_size = (uint64_t)st.st_size;
+  im->actual = (uint64_t)st.st_blocks * 512;
+  if (S_ISBLK(st.st_mode)) {
+    off_t end = lseek(fd, 0, SEEK_END);
+    im->file_size = end < 0 ? 0 : (uint64_t)end;
+  }
+  uint8_t magic[4] = {0};
+  bool is_qcow2 = pread(fd, magic, 4, 0) == 4 && get_be32(magic) == QCOW2_MAGIC;
+  if (!format)
+    format = is_qcow2 ? "qcow2" : "raw";
+  int r = 0;
+  if (!strcmp(format, "qcow2")) {
+    im->format = "qcow2";
+    im->qcow2 = true;
+    r = is_qcow2 ? read_qcow2(fd, im) : fail("not a qcow2 image");
+  } else {
+    im->format = "raw";
+    im->vsize = im->file_size;
+  }
+  close(fd);
+  return r;
+}
+
+/* ---- output ---- */
+
+/* Sizes as QEMU's size_to_str: three significant digits, binary units. */
+static void human_size(char *buf, size_t len, uint64_t v) {
+  static const char *const suffix[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
+  double x = (double)v / (1000.0 / 1024.0);
+  int e = 0;
+  while (x >= 1.0) { /* frexp's exponent without libm */
+    x /= 2;
+    e++;
+  }
+  int i = e > 0 ? (e - 1) / 10 : 0;
+  if (i > 6)
+    i = 6;
+  snprintf(buf, len, "%0.3g %sB", (double)v / (double)(1ull << (i * 10)),
+           suffix[i]);
+}
+
+/* Length of the valid UTF-8 sequence at P, or 0. */
+static size_t utf8_len(const unsigned char *p) {
+  size_t n = p[0] >= 0xf0 && p[0] <= 0xf4   ? 4
+             : p[0] >= 0xe0                 ? 3
+             : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+                                            : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  /* No overlong forms, surrogates or code points past U+10FFFF. */
+  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
+      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+    return 0;
+  return n;
+}
+
+/* A JSON string; bytes that are not UTF-8 become U+FFFD. */
+static void json_str(const char *s) {
+  putchar('"');
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    size_t n;
+    if (*p == '"' || *p == '\\')
+      printf("\\%c", *p);
+    else if (*p < 0x20 || *p == 0x7f)
+      printf("\\u%04x", *p);
+    else if (*p < 0x80)
+      putchar(*p);
+    else if ((n = utf8_len(p)) != 0) {
+      fwrite(p, 1, n, stdout);
+      p += n - 1;
+    } else
+      fputs("\\ufffd", stdout);
+  }
+  putchar('"');
+}
+
+static const char *compression_name(const struct qcow2_header *h) {
+  return h->compression_type == 1 ? "zstd" : "zlib";
+}
+
+static void print_snapshot_line(const struct qcow2_snapshot *s) {
+  char size[32], date[32], clock[32], icount[24] = "";
+  human_size(size, sizeof size, s->vm_state_size);
+  time_t t = (time_t)s->date_sec;
+  struct tm tm;
+  localtime_r(&t, &tm);
+  strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", &tm);
+  uint64_t secs = s->vm_clock_nsec / 1000000000;
+  snprintf(clock, sizeof clock, "%02d:%02d:%02d.%03d", (int)(secs / 3600),
+           (int)((secs / 60) % 60), (int)(secs % 60),
+           (int)((s->vm_clock_nsec / 1000000) % 1000));
+  if (s->icount != UINT64_MAX)
+    snprintf(icount, sizeof icount, "%" PRIu64, s->icount);
+  printf("%-9s %-16s %8s%20s%13s%11s\n", s->id, s->name, size, date, clock,
+         icount);
+}
+
+static void print_human(const struct image *im) {
+  char a[32], b[32];
+  printf("image: %s\nfile format: %s\n", im->filename, im->format);
+  human_size(a, sizeof a, im->vsize);
+  printf("virtual size: %s (%" PRIu64 " bytes)\n", a, im->vsize);
+  human_size(a, sizeof a, im->actual);
+  human_size(b, sizeof b, im->file_size);
+  printf("disk size: %s\nfile size: %s (%" PRIu64 " bytes)\n", a, b,
+         im->file_size);
+  if (!im->qcow2)
+    return;
+  const struct qcow2_header *h = &im->h;
+  printf("cluster_size: %llu\n", 1ull << h->cluster_bits);
+  if (im->backing) {
+    printf("backing file: %s", im->backing);
+    if (strcmp(im->backing, im->full_backing))
+      printf(" (actual path: %s)", im->full_backing);
+    printf("\n");
+    if (h->backing_format[0])
+      printf("backing file format: %s\n", h->backing_format);
+  }
+  if (h->incompatible & QCOW2_INCOMPAT_DIRTY)
+    printf("cleanly shut down: no\n");
+  if (im->nsnaps) {
+    printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
+           "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+    for (uint32_t i = 0; i < im->nsnaps; i++)
+      print_snapshot_line(&im->snaps[i]);
+  }
+  printf("Format specific information:\n");
+  printf("    compat: %s\n", h->version >= 3 ? "1.1" : "0.10");
+  printf("    compression type: %s\n", compression_name(h));
+  if (h->version >= 3)
+    printf("    lazy refcounts: %s\n",
+           h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS ? "true" : "false");
+  if (im->nbitmaps) {
+    printf("    bitmaps:\n");
+    for (uint32_t i = 0; i < im->nbitmaps; i++) {
+      const struct bitmap_info *bm = &im->bitmaps[i];
+      printf("        [%u]:\n            flags:\n", i);
+      if (bm->flags & 1)
+        printf("                [0]: in-use\n");
+      if (bm->flags & 2)
+        printf("                [%d]: auto\n", bm->flags & 1 ? 1 : 0);
+      printf("            name: %s\n            granularity: %llu\n", bm->name,
+             1ull << bm->granularity_bits);
+    }
+  }
+  printf("    refcount bits: %u\n", 1u << h->refcount_order);
+  if (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) {
+    printf("    data file: %s\n", h->data_file);
+    printf("    data file raw: %s\n",
+           h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW ? "true" : "false");
+  }
+  if (h->version < 3)
+    return; /* QEMU shows these for version 3 only */
+  printf("    corrupt: %s\n",
+         h->incompatible & QCOW2_INCOMPAT_CORRUPT ? "true" : "false");
+  printf("    extended l2: %s\n",
+         h->incompatible & QCOW2_INCOMPAT_EXTL2 ? "true" : "false");
+}
+
+static const char *tf(bool b) {
+  return b ? "true" : "false";
+}
+
+static void print_json(const struct image *im, const char *ind) {
+  const struct qcow2_header *h = &im->h;
+  printf("%s{\n%s    \"filename\": ", ind, ind);
+  json_str(im->filename);
+  printf(",\n%s    \"format\": \"%s\",\n", ind, im->format);
+  printf("%s    \"virtual-size\": %" PRIu64 ",\n", ind, im->vsize);
+  printf("%s    \"actual-size\": %" PRIu64 ",\n", ind, im->actual);
+  printf("%s    \"file-length\": %" PRIu64 ",\n", ind, im->file_size);
+  if (im->qcow2) {
+    printf("%s    \"cluster-size\": %llu,\n", ind, 1ull << h->cluster_bits);
+    if (im->backing) {
+      printf("%s    \"backing-filename\": ", ind);
+      json_str(im->backing);
+      printf(",\n%s    \"full-backing-filename\": ", ind);
+      json_str(im->full_backing);
+      printf(",\n");
+      if (h->backing_format[0]) {
+        printf("%s    \"backing-filename-format\": ", ind);
+        json_str(h->backing_format);
+        printf(",\n");
+      }
+    }
+    if (im->nsnaps) {
+      printf("%s    \"snapshots\": [\n", ind);
+      for (uint32_t i = 0; i < im->nsnaps; i++) {
+        const struct qcow2_snapshot *s = &im->snaps[i];
+        printf("%s        {\n%s            \"id\": ", ind, ind);
+        json_str(s->id);
+        printf(",\n%s            \"name\": ", ind);
+        json_str(s->name);
+        printf(",\n%s            \"vm-state-size\": %" PRIu64 ",\n", ind,
+               s->vm_state_size);
+        printf("%s            \"date-sec\": %u,\n", ind, s->date_sec);
+        printf("%s            \"date-nsec\": %u,\n", ind, s->date_nsec);
+        printf("%s            \"vm-clock-sec\": %" PRIu64 ",\n", ind,
+               s->vm_clock_nsec / 1000000000);
+        if (s->icount != UINT64_MAX)
+          printf("%s            \"icount\": %" PRIu64 ",\n", ind, s->icount);
+        printf("%s            \"vm-clock-nsec\": %" PRIu64 "\n", ind,
+               s->vm_clock_nsec % 1000000000);
+        printf("%s        }%s\n", ind, i + 1 < im->nsnaps ? "," : "");
+      }
+      printf("%s    ],\n", ind);
+    }
+    printf("%s    \"format-specific\": {\n%s        \"type\": \"qcow2\",\n"
+           "%s        \"data\": {\n",
+           ind, ind, ind);
+    const char *d = "            ";
+    printf("%s%s\"compat\": \"%s\",\n", ind, d,
+           h->version >= 3 ? "1.1" : "0.10");
+    printf("%s%s\"compression-type\": \"%s\",\n", ind, d, compression_name(h));
+    bool v3 = h->version >= 3;
+    if (v3)
+      printf("%s%s\"lazy-refcounts\": %s,\n", ind, d,
+             tf(h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS));
+    if (im->nbitmaps) {
+      printf("%s%s\"bitmaps\": [\n", ind, d);
+      for (uint32_t i = 0; i < im->nbitmaps; i++) {
+        const struct bitmap_info *bm = &im->bitmaps[i];
+        printf("%s%s    {\"flags\": [", ind, d);
+        if (bm->flags & 1)
+          printf("\"in-use\"%s", bm->flags & 2 ? ", " : "");
+        if (bm->flags & 2)
+          printf("\"auto\"");
+        printf("], \"name\": ");
+        json_str(bm->name);
+        printf(", \"granularity\": %llu}%s\n", 1ull << bm->granularity_bits,
+               i + 1 < im->nbitmaps ? "," : "");
+      }
+      printf("%s%s],\n", ind, d);
+    }
+    printf("%s%s\"refcount-bits\": %u%s\n", ind, d, 1u << h->refcount_order,
+           v3 || (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) ? "," : "");
+    if (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) {
+      printf("%s%s\"data-file\": ", ind, d);
+      json_str(h->data_file);
+      printf(",\n%s%s\"data-file-raw\": %s%s\n", ind, d,
+             tf(h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW), v3 ? "," : "");
+    }
+    if (v3) {
+      printf("%s%s\"corrupt\": %s,\n", ind, d,
+             tf(h->incompatible & QCOW2_INCOMPAT_CORRUPT));
+      printf("%s%s\"extended-l2\": %s\n", ind, d,
+             tf(h->incompatible & QCOW2_INCOMPAT_EXTL2));
+    }
+    printf("%s        }\n%s    },\n", ind, ind);
+  }
+  printf("%s    \"dirty-flag\": %s\n%s}", ind,
+         tf(im->qcow2 && (h->incompatible & QCOW2_INCOMPAT_DIRTY)), ind);
+}
+
+int info_main(int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"format", required_argument, NULL, 'f'},
+      {"json", no_argument, NULL, 'j'},
+      {"output", required_argument, NULL, 'O'},
+      {"backing-chain", no_argument, NULL, 'B'},
+      {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
+  const char *format = NULL;
+  bool json = false, chain = false;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "f:h", longopts, NULL)) != -1) {
+    switch (ch) {
+    case 'f':
+      if (strcmp(optarg, "raw") && strcmp(optarg, "qcow2")) {
+        fprintf(stderr, "blockport info: unknown format '%s'\n", optarg);
+        return 2;
+      }
+      format = optarg;
+      break;
+    case 'j': json = true; break;
+    case 'O':
+      if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
+        fprintf(stderr, "blockport info: --output is human or json\n");
+        return 2;
+      }
+      json = !strcmp(optarg, "json");
+      break;
+    case 'B': chain = true; break;
+    case 'h': fputs(info_usage, stdout); return 0;
+    default: fputs(info_usage, stderr); return 2;
+    }
+  }
+  if (optind + 1 != argc) {
+    fprintf(stderr, "blockport info: %s\n%s",
+            optind >= argc ? "no image given" : "more than one image given",
+            info_usage);
+    return 2;
+  }
+
+  /* Read the whole chain first, so a corrupt image prints nothing but the
+   * error. */
+  struct image *ims = calloc(MAX_CHAIN, sizeof *ims);
+  if (!ims) {
+    fprintf(stderr, "blockport info: out of memory\n");
+    return 1;
+  }
+  int n = 0, ret = 0;
+  const char *path = argv[optind];
+  for (;;) {
+    struct image *im = &ims[n];
+    int r = read_image(path, format, im);
+    n++;
+    if (r < 0) {
+      fprintf(stderr, "blockport info: %s: %s\n", path, errbuf);
+      ret = 1;
+      break;
+    }
+    if (!chain || !im->backing)
+      break;
+    format = im->h.backing_format[0] ? im->h.backing_format : NULL;
+    if (format && strcmp(format, "raw") && strcmp(format, "qcow2")) {
+      fprintf(stderr,
+              "blockport info: %s: backing format '%s' is not "
+              "supported\n",
+              im->filename, format);
+      ret = 1;
+      break;
+    }
+    path = im->full_backing;
+    struct stat st;
+    bool loop = false;
+    if (stat(path, &st) == 0)
+      for (int i = 0; i < n; i++)
+        loop |= ims[i].dev == st.st_dev && ims[i].ino == st.st_ino;
+    if (loop || n >= MAX_CHAIN) {
+      fprintf(stderr, "blockport info: %s: %s\n", im->filename,
+              loop ? "backing file loop" : "backing chain is too deep");
+      ret = 1;
+      break;
+    }
+  }
+  if (ret == 0) {
+    if (json && chain)
+      printf("[\n");
+    for (int i = 0; i < n; i++) {
+      if (json) {
+        print_json(&ims[i], chain ? "    " : "");
+        printf("%s\n", chain && i + 1 < n ? "," : "");
+      } else {
+        if (i)
+          printf("\n");
+        print_human(&ims[i]);
+      }
+    }
+    if (json && chain)
+      printf("]\n");
+  }
+  for (int i = 0; i < n; i++)
+    free_image(&ims[i]);
+  free(ims);
+  return ret;
+}

@@ -1,0 +1,167 @@
+/* Unit tests for the qcow2 snapshot table parser (formats/qcow2/snapshot.c):
+ * well-formed tables, and every length checked against the buffer. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../formats/qcow2/snapshot.h"
+
+#define CS 65536ull
+#define FILE_SIZE (1ull << 30)
+
+static void w16(uint8_t *b, uint16_t v) {
+  b[0] = (uint8_t)(v >> 8);
+  b[1] = (uint8_t)v;
+}
+static void w32(uint8_t *b, uint32_t v) {
+  w16(b, (uint16_t)(v >> 16));
+  w16(b + 2, (uint16_t)v);
+}
+static void w64(uint8_t *b, uint64_t v) {
+  w32(b, (uint32_t)(v >> 32));
+  w32(b + 4, (uint32_t)v);
+}
+
+/* Append one entry at B + *OFF; returns its start. */
+static uint8_t *put_entry(uint8_t *b, size_t *off, const char *id,
+                          const char *name, uint32_t extra) {
+  uint8_t *p = b + *off;
+  size_t il = strlen(id), nl = strlen(name);
+  memset(p, 0, 40 + extra + il + nl + 8);
+  w64(p, 3 * CS);
+  w32(p + 8, 2);
+  w16(p + 12, (uint16_t)il);
+  w16(p + 14, (uint16_t)nl);
+  w32(p + 16, 1700000000);
+  w32(p + 20, 5);
+  w64(p + 24, 3723004000000ull); /* 1:02:03.004 */
+  w32(p + 32, 77);
+  w32(p + 36, extra);
+  if (extra >= 8)
+    w64(p + 40, 1ull << 33);
+  if (extra >= 16)
+    w64(p + 48, 1ull << 30);
+  if (extra >= 24)
+    w64(p + 56, 42);
+  memcpy(p + 40 + extra, id, il);
+  memcpy(p + 40 + extra + il, name, nl);
+  *off += (40 + extra + il + nl + 7) & ~7ull;
+  return p;
+}
+
+static int parse(const uint8_t *b, size_t len, uint32_t nb,
+                 struct qcow2_snapshot **s, char *err) {
+  size_t used;
+  return qcow2_parse_snapshots(b, len, nb, CS, FILE_SIZE, s, &used, err, 256);
+}
+
+Test(snapshot, good_table) {
+  uint8_t b[4096];
+  size_t off = 0;
+  put_entry(b, &off, "1", "first", 24);
+  put_entry(b, &off, "2", "second one", 16);
+  put_entry(b, &off, "10", "", 0);
+  struct qcow2_snapshot *s;
+  size_t used;
+  char err[256];
+  cr_assert_eq(qcow2_parse_snapshots(b, off, 3, CS, FILE_SIZE, &s, &used, err,
+                                     sizeof err),
+               0, "%s", err);
+  cr_assert_eq(used, off);
+  cr_assert_str_eq(s[0].id, "1");
+  cr_assert_str_eq(s[0].name, "first");
+  cr_assert_eq(s[0].vm_state_size, 1ull << 33);
+  cr_assert_eq(s[0].disk_size, 1ull << 30);
+  cr_assert_eq(s[0].icount, 42);
+  cr_assert_eq(s[0].date_sec, 1700000000);
+  cr_assert_eq(s[0].vm_clock_nsec, 3723004000000ull);
+  cr_assert_eq(s[1].icount, UINT64_MAX);
+  cr_assert_str_eq(s[1].name, "second one");
+  cr_assert_eq(s[2].vm_state_size, 77); /* the 32-bit field */
+  cr_assert_str_eq(s[2].name, "");
+  qcow2_free_snapshots(s, 3);
+}
+
+Test(snapshot, last_entry_without_padding) {
+  uint8_t b[256];
+  size_t off = 0;
+  put_entry(b, &off, "1", "s1", 24); /* 67 bytes, padded to 72 */
+  struct qcow2_snapshot *s;
+  char err[256];
+  cr_assert_eq(parse(b, 67, 1, &s, err), 0, "%s", err);
+  qcow2_free_snapshots(s, 1);
+  cr_assert_eq(parse(b, 66, 1, &s, err), -ENOSPC);
+  cr_assert_null(s);
+}
+
+Test(snapshot, truncated_everywhere) {
+  uint8_t b[4096];
+  size_t off = 0;
+  put_entry(b, &off, "1", "first", 24);
+  put_entry(b, &off, "2", "second", 24);
+  size_t min = off - 7; /* the last padding is optional */
+  for (size_t len = 0; len < min; len++) {
+    struct qcow2_snapshot *s = (void *)1;
+    char err[256] = "";
+    /* A copy of exactly LEN bytes, so ASan sees any read past it. */
+    uint8_t *copy = malloc(len ? len : 1);
+    memcpy(copy, b, len);
+    int rc = parse(copy, len, 2, &s, err);
+    free(copy);
+    cr_assert_eq(rc, -ENOSPC, "len %zu: rc %d", len, rc);
+    cr_assert_null(s);
+    cr_assert_neq(err[0], 0);
+  }
+}
+
+Test(snapshot, nb_larger_than_table) {
+  uint8_t b[4096];
+  size_t off = 0;
+  put_entry(b, &off, "1", "a", 16);
+  struct qcow2_snapshot *s;
+  char err[256];
+  cr_assert_eq(parse(b, off, 5, &s, err), -ENOSPC);
+  cr_assert_eq(parse(b, off, 65537, &s, err), -EINVAL);
+}
+
+Test(snapshot, bad_fields) {
+  uint8_t b[4096];
+  struct qcow2_snapshot *s;
+  char err[256];
+  size_t off = 0;
+  uint8_t *p = put_entry(b, &off, "1", "a", 16);
+  w32(p + 36, 1025); /* extra data too large */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "a", 16);
+  w16(p + 12, 0); /* empty ID */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "a", 16);
+  w64(p, 3 * CS + 512); /* unaligned L1 */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "a", 16);
+  w64(p, FILE_SIZE); /* L1 past the end */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "a", 16);
+  w32(p + 8, 0x01000000); /* L1 too large */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "ab", 16);
+  p[40 + 16 + 1] = 0; /* NUL in the name */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  off = 0;
+  p = put_entry(b, &off, "1", "a", 16);
+  w16(p + 14, 0xffff); /* name runs past the buffer */
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -ENOSPC);
+}
+
+Test(snapshot, empty) {
+  struct qcow2_snapshot *s;
+  char err[256];
+  cr_assert_eq(parse(NULL, 0, 0, &s, err), 0);
+  qcow2_free_snapshots(s, 0);
+}
