@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../core/io.h"
 #include "../formats/qcow2/qcow2.h"
 #include "../formats/qcow2/snapshot.h"
 #include "commands.h"
@@ -81,23 +82,6 @@ static void free_image(struct image *im) {
   memset(im, 0, sizeof *im);
 }
 
-static int pread_full(int fd, void *buf, size_t len, uint64_t off) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pread(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return -errno;
-    if (n == 0)
-      return -EIO; /* short file: callers checked the size first */
-    p += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* The backing file name as QEMU combines it with the image's path. */
 static char *combine_path(const char *image, const char *name) {
   const char *slash = strrchr(image, '/');
@@ -123,7 +107,7 @@ static int read_snapshots(int fd, struct image *im) {
     uint8_t *buf = malloc(len ? len : 1);
     if (!buf)
       return fail("out of memory");
-    int r = pread_full(fd, buf, len, h->snapshots_offset);
+    int r = io_pread_exact(fd, buf, len, h->snapshots_offset);
     size_t used;
     if (r == 0)
       r = qcow2_parse_snapshots(buf, len, h->nb_snapshots,
@@ -176,7 +160,7 @@ static int read_bitmaps(int fd, struct image *im, const uint8_t *hdr,
     free(dir);
     return fail("out of memory");
   }
-  int r = pread_full(fd, dir, dsize, doff);
+  int r = io_pread_exact(fd, dir, dsize, doff);
   size_t p = 0;
   for (uint32_t i = 0; r == 0 && i < nb; i++) {
     if (dsize - p < 24) {
@@ -212,7 +196,7 @@ static int read_qcow2(int fd, struct image *im) {
   if (!hdr)
     return fail("out of memory");
   char err[256];
-  int r = pread_full(fd, hdr, len, 0);
+  int r = io_pread_exact(fd, hdr, len, 0);
   if (r < 0) {
     free(hdr);
     return fail("%s", strerror(-r));

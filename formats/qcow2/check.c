@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
+#include "../../core/io.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
 #include "../formats.h"
@@ -48,15 +49,6 @@ static void ref_range(struct refs *r, uint64_t off, uint64_t len) {
       r->n[c]++;
 }
 
-static int read_at(struct qcow2dev *q, void *buf, size_t len, uint64_t off) {
-  ssize_t n = pread(q->fd, buf, len, (off_t)off);
-  if (n < 0)
-    return -errno;
-  if ((size_t)n < len)
-    memset((uint8_t *)buf + n, 0, len - (size_t)n);
-  return 0;
-}
-
 /* The L2 table at L2OFF and the clusters its entries hold. */
 static int walk_l2(struct refs *r, uint64_t l2off, uint8_t *tbl) {
   struct qcow2dev *q = r->q;
@@ -65,7 +57,7 @@ static int walk_l2(struct refs *r, uint64_t l2off, uint8_t *tbl) {
     return 0;
   }
   ref_range(r, l2off, q->csize);
-  int e = read_at(q, tbl, q->csize, l2off);
+  int e = io_pread_zero(q->fd, tbl, q->csize, l2off);
   if (e < 0)
     return e;
   unsigned esize = q->g.extended_l2 ? 16 : 8;
@@ -102,7 +94,7 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
   }
   ref_range(r, l1off, bytes);
   uint8_t *l1 = malloc(bytes);
-  int e = l1 ? read_at(q, l1, bytes, l1off) : -ENOMEM;
+  int e = l1 ? io_pread_zero(q->fd, l1, bytes, l1off) : -ENOMEM;
   for (uint32_t i = 0; e == 0 && i < l1size; i++) {
     uint64_t l2off = get_be64(l1 + i * 8) & QCOW2_OFFSET_MASK;
     if (l2off)
@@ -123,7 +115,8 @@ static int walk_snapshots(struct refs *r, uint8_t *tbl) {
     if (len > avail)
       len = (size_t)avail;
     uint8_t *buf = malloc(len ? len : 1);
-    int e = buf ? read_at(q, buf, len, q->h.snapshots_offset) : -ENOMEM;
+    int e =
+        buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
     struct qcow2_snapshot *snaps = NULL;
     size_t used = 0;
     char err[160];
@@ -220,7 +213,7 @@ static int check_copied_l2(struct refs *r, uint64_t l2off, uint8_t *tbl,
                            bool fix, uint64_t *bad) {
   struct qcow2dev *q = r->q;
   unsigned esize = q->g.extended_l2 ? 16 : 8;
-  int e = read_at(q, tbl, q->csize, l2off);
+  int e = io_pread_zero(q->fd, tbl, q->csize, l2off);
   for (uint64_t i = 0; e == 0 && i < q->csize / esize; i++) {
     uint64_t entry = get_be64(tbl + i * esize);
     uint64_t host = entry & QCOW2_OFFSET_MASK;
@@ -234,7 +227,7 @@ static int check_copied_l2(struct refs *r, uint64_t l2off, uint8_t *tbl,
     if (fix) {
       uint8_t b[8];
       put_be64(b, entry ^ QCOW2_L2_COPIED);
-      e = qcow2_pwrite_all(q->fd, b, 8, l2off + i * esize);
+      e = io_pwrite_all(q->fd, b, 8, l2off + i * esize);
     }
   }
   return e;
@@ -256,7 +249,7 @@ static int check_copied(struct refs *r, bool fix, uint64_t *bad) {
         q->l1[i] = l1e ^ QCOW2_L2_COPIED;
         uint8_t b[8];
         put_be64(b, q->l1[i]);
-        e = qcow2_pwrite_all(q->fd, b, 8, q->h.l1_offset + i * 8ull);
+        e = io_pwrite_all(q->fd, b, 8, q->h.l1_offset + i * 8ull);
       }
     }
     if (e == 0)
@@ -335,18 +328,18 @@ static int write_structures(struct qcow2dev *q, struct refs *r) {
     }
     uint64_t at = (start + b) << q->h.cluster_bits;
     put_be64(table + b * 8, at);
-    e = qcow2_pwrite_all(q->fd, blk, q->csize, at);
+    e = io_pwrite_all(q->fd, blk, q->csize, at);
   }
   uint64_t toff = (start + nblocks) << q->h.cluster_bits;
   if (e == 0)
-    e = qcow2_pwrite_all(q->fd, table, ntable * q->csize, toff);
+    e = io_pwrite_all(q->fd, table, ntable * q->csize, toff);
   if (e == 0 && fdatasync(q->fd) < 0)
     e = -errno;
   uint8_t hdr[12];
   put_be64(hdr, toff);
   put_be32(hdr + 8, (uint32_t)ntable);
   if (e == 0)
-    e = qcow2_pwrite_all(q->fd, hdr, 12, 48);
+    e = io_pwrite_all(q->fd, hdr, 12, 48);
   if (e == 0 && fdatasync(q->fd) < 0)
     e = -errno;
   free(blk);

@@ -9,20 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../core/io.h"
 #include "../../server/wire.h" /* put_be16/32/64 */
 #include "create.h"
 #include "qcow2.h"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 static uint64_t div_up(uint64_t a, uint64_t b) {
   return a / b + (a % b != 0);
@@ -51,51 +41,55 @@ static const struct {
 static int check_opts(const struct qcow2_create_opts *o, char *err,
                       size_t errlen) {
   if (o->version != 2 && o->version != 3)
-    return fail(err, errlen, -EINVAL, "unsupported qcow2 version %u",
-                o->version);
+    return qcow2_errf(err, errlen, -EINVAL, "unsupported qcow2 version %u",
+                      o->version);
   if (o->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       o->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-    return fail(err, errlen, -EINVAL,
-                "cluster size must be a power of two between 512 and 2M");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "cluster size must be a power of two between 512 and 2M");
   if (o->refcount_order > 6)
-    return fail(err, errlen, -EINVAL,
-                "refcount width must be a power of two up to 64 bits");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "refcount width must be a power of two up to 64 bits");
   if (o->size % 512)
-    return fail(err, errlen, -EINVAL,
-                "virtual size must be a multiple of 512 bytes");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "virtual size must be a multiple of 512 bytes");
   if (o->size > (1ull << 56))
-    return fail(err, errlen, -EFBIG, "virtual size is too large (max 64 PiB)");
+    return qcow2_errf(err, errlen, -EFBIG,
+                      "virtual size is too large (max 64 PiB)");
   if (o->version == 2) {
     if (o->refcount_order != 4)
-      return fail(err, errlen, -EINVAL,
-                  "refcount widths other than 16 bits need compat=1.1");
+      return qcow2_errf(err, errlen, -EINVAL,
+                        "refcount widths other than 16 bits need compat=1.1");
     if (o->extended_l2)
-      return fail(err, errlen, -EINVAL, "extended L2 entries need compat=1.1");
+      return qcow2_errf(err, errlen, -EINVAL,
+                        "extended L2 entries need compat=1.1");
     if (o->lazy_refcounts)
-      return fail(err, errlen, -EINVAL, "lazy refcounts need compat=1.1");
+      return qcow2_errf(err, errlen, -EINVAL, "lazy refcounts need compat=1.1");
     if (o->compression_type != 0)
-      return fail(err, errlen, -EINVAL,
-                  "compression types other than zlib need compat=1.1");
+      return qcow2_errf(err, errlen, -EINVAL,
+                        "compression types other than zlib need compat=1.1");
   }
   if (o->compression_type > 1)
-    return fail(err, errlen, -EINVAL, "unknown compression type %u",
-                o->compression_type);
+    return qcow2_errf(err, errlen, -EINVAL, "unknown compression type %u",
+                      o->compression_type);
   if (o->extended_l2 && o->cluster_bits < 14)
-    return fail(err, errlen, -EINVAL,
-                "extended L2 entries need a cluster size of at least 16k");
+    return qcow2_errf(
+        err, errlen, -EINVAL,
+        "extended L2 entries need a cluster size of at least 16k");
   if (o->backing_file &&
       (!o->backing_file[0] || strlen(o->backing_file) > QCOW2_MAX_BACKING_NAME))
-    return fail(err, errlen, -EINVAL,
-                "backing file name must be 1 to %d bytes long",
-                QCOW2_MAX_BACKING_NAME);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "backing file name must be 1 to %d bytes long",
+                      QCOW2_MAX_BACKING_NAME);
   if (o->backing_fmt &&
       (!o->backing_file || !o->backing_fmt[0] || strlen(o->backing_fmt) > 31))
-    return fail(err, errlen, -EINVAL,
-                o->backing_file ? "invalid backing format name"
-                                : "a backing format needs a backing file");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      o->backing_file
+                          ? "invalid backing format name"
+                          : "a backing format needs a backing file");
   if (o->backing_file && o->prealloc != QCOW2_PREALLOC_OFF)
-    return fail(err, errlen, -EINVAL,
-                "preallocation and a backing file cannot be combined");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "preallocation and a backing file cannot be combined");
   return 0;
 }
 
@@ -109,10 +103,11 @@ static int layout_header(const struct qcow2_create_opts *o,
   uint64_t bslen = o->backing_file ? strlen(o->backing_file) : 0;
   uint64_t need = off + 8 + bslen; /* + end of extensions */
   if (need > l->csize)
-    return fail(err, errlen, -EINVAL,
-                "backing file name does not fit in the first cluster (%llu "
-                "bytes); use a larger cluster size",
-                (unsigned long long)l->csize);
+    return qcow2_errf(
+        err, errlen, -EINVAL,
+        "backing file name does not fit in the first cluster (%llu "
+        "bytes); use a larger cluster size",
+        (unsigned long long)l->csize);
   l->feature_table = o->version == 3 && need + FEATURE_TABLE_BYTES <= l->csize;
   if (l->feature_table)
     off += FEATURE_TABLE_BYTES;
@@ -138,11 +133,12 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   uint64_t per_l1 = 1ull << (cb + l->l2_bits);
   uint64_t l1_size = div_up(o->size, per_l1);
   if (l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return fail(err, errlen, -EFBIG,
-                "virtual size %llu needs an L1 table of %llu bytes (max %u); "
-                "use a larger cluster size",
-                (unsigned long long)o->size, (unsigned long long)l1_size * 8,
-                QCOW2_MAX_L1_BYTES);
+    return qcow2_errf(
+        err, errlen, -EFBIG,
+        "virtual size %llu needs an L1 table of %llu bytes (max %u); "
+        "use a larger cluster size",
+        (unsigned long long)o->size, (unsigned long long)l1_size * 8,
+        QCOW2_MAX_L1_BYTES);
   l->l1_size = (uint32_t)l1_size;
   l->l1_clusters = l1_size ? div_up(l1_size * 8, l->csize) : 1;
 
@@ -150,12 +146,12 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
     l->data_clusters = div_up(o->size, l->csize);
     l->l2_tables = div_up(l->data_clusters, 1ull << l->l2_bits);
     if (l->l2_tables > QCOW2_CREATE_MAX_METADATA >> cb)
-      return fail(err, errlen, -EFBIG,
-                  "preallocation would write %llu L2 tables of %llu bytes "
-                  "(max %llu bytes of metadata); use a larger cluster size",
-                  (unsigned long long)l->l2_tables,
-                  (unsigned long long)l->csize,
-                  (unsigned long long)QCOW2_CREATE_MAX_METADATA);
+      return qcow2_errf(
+          err, errlen, -EFBIG,
+          "preallocation would write %llu L2 tables of %llu bytes "
+          "(max %llu bytes of metadata); use a larger cluster size",
+          (unsigned long long)l->l2_tables, (unsigned long long)l->csize,
+          (unsigned long long)QCOW2_CREATE_MAX_METADATA);
   }
 
   /* Refcount blocks cover every cluster in use, themselves and the
@@ -172,9 +168,10 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
     rt = nrt > rt ? nrt : rt;
     if (rt > QCOW2_MAX_REFTABLE_BYTES >> cb ||
         rb > QCOW2_CREATE_MAX_METADATA >> cb)
-      return fail(err, errlen, -EFBIG,
-                  "the refcount structures for this size are too large; use "
-                  "a larger cluster size or wider refcounts");
+      return qcow2_errf(
+          err, errlen, -EFBIG,
+          "the refcount structures for this size are too large; use "
+          "a larger cluster size or wider refcounts");
   }
   l->reftable_offset = l->csize;
   l->reftable_clusters = (uint32_t)rt;
@@ -185,7 +182,7 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   l->data_offset = l->l2_offset + l->l2_tables * l->csize;
   l->clusters = total;
   if (total > (QCOW2_OFFSET_MASK >> cb))
-    return fail(err, errlen, -EFBIG, "image file would be too large");
+    return qcow2_errf(err, errlen, -EFBIG, "image file would be too large");
   l->file_size = total << cb;
   return 0;
 }
@@ -254,21 +251,6 @@ void qcow2_set_refcount(uint8_t *buf, unsigned order, uint64_t i,
     p[bytes - 1 - k] = (uint8_t)(value >> (8 * k));
 }
 
-static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pwrite(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return -errno;
-    p += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 static int write_tables(int fd, const struct qcow2_create_opts *o,
                         const struct qcow2_layout *l, uint8_t *c) {
   uint64_t cs = l->csize;
@@ -281,7 +263,7 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
       if (b < l->refblocks)
         put_be64(c + j * 8, l->refblock_offset + b * cs);
     }
-    r = pwrite_all(fd, c, cs, l->reftable_offset + k * cs);
+    r = io_pwrite_all(fd, c, cs, l->reftable_offset + k * cs);
   }
   /* Refcount blocks: clusters [0, l->clusters) have refcount 1. */
   uint64_t rb_entries = (cs * 8) >> o->refcount_order;
@@ -290,7 +272,7 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
     for (uint64_t j = 0; j < rb_entries && b * rb_entries + j < l->clusters;
          j++)
       qcow2_set_refcount(c, o->refcount_order, j, 1);
-    r = pwrite_all(fd, c, cs, l->refblock_offset + b * cs);
+    r = io_pwrite_all(fd, c, cs, l->refblock_offset + b * cs);
   }
   /* L1 table. */
   for (uint64_t k = 0; r == 0 && k < l->l1_clusters && l->l2_tables; k++) {
@@ -300,7 +282,7 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
       if (t < l->l2_tables)
         put_be64(c + j * 8, (l->l2_offset + t * cs) | QCOW2_L2_COPIED);
     }
-    r = pwrite_all(fd, c, cs, l->l1_offset + k * cs);
+    r = io_pwrite_all(fd, c, cs, l->l1_offset + k * cs);
   }
   /* L2 tables. */
   uint64_t per_l2 = 1ull << l->l2_bits;
@@ -313,7 +295,7 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
       if (o->extended_l2)
         put_be64(c + j * esize + 8, 0xffffffffull); /* all allocated */
     }
-    r = pwrite_all(fd, c, cs, l->l2_offset + t * cs);
+    r = io_pwrite_all(fd, c, cs, l->l2_offset + t * cs);
   }
   return r;
 }
@@ -334,7 +316,7 @@ static int fill_data(int fd, const struct qcow2_create_opts *o,
   int r = 0;
   for (uint64_t done = 0; r == 0 && done < len;) {
     size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
-    r = pwrite_all(fd, z, n, l->data_offset + done);
+    r = io_pwrite_all(fd, z, n, l->data_offset + done);
     done += n;
   }
   free(z);
@@ -345,11 +327,11 @@ int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
                        const struct qcow2_layout *l, char *err, size_t errlen) {
   uint8_t *c = malloc(l->csize);
   if (!c)
-    return fail(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
   int r = ftruncate(fd, (off_t)l->file_size) < 0 ? -errno : 0;
   if (r == 0) {
     qcow2_create_header(o, l, c);
-    r = pwrite_all(fd, c, l->csize, 0);
+    r = io_pwrite_all(fd, c, l->csize, 0);
   }
   if (r == 0)
     r = write_tables(fd, o, l, c);
@@ -359,6 +341,6 @@ int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
   if (r == 0 && fdatasync(fd) < 0)
     r = -errno;
   if (r < 0)
-    return fail(err, errlen, r, "%s", strerror(-r));
+    return qcow2_errf(err, errlen, r, "%s", strerror(-r));
   return 0;
 }

@@ -9,10 +9,7 @@
 #include "../../server/wire.h" /* get_be16/32/64 */
 #include "qcow2.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+int qcow2_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(err, errlen, fmt, ap);
@@ -50,7 +47,7 @@ static int parse_v3(const uint8_t *b, size_t len, struct qcow2_header *h,
     return 0;
   }
   if (len < 104)
-    return fail(err, errlen, -EINVAL, "version 3 header is truncated");
+    return qcow2_errf(err, errlen, -EINVAL, "version 3 header is truncated");
   h->incompatible = get_be64(b + 72);
   h->compatible = get_be64(b + 80);
   h->autoclear = get_be64(b + 88);
@@ -58,8 +55,8 @@ static int parse_v3(const uint8_t *b, size_t len, struct qcow2_header *h,
   h->header_length = get_be32(b + 100);
   if (h->header_length < 104 || h->header_length % 8 != 0 ||
       h->header_length > len)
-    return fail(err, errlen, -EINVAL, "invalid header length %u",
-                h->header_length);
+    return qcow2_errf(err, errlen, -EINVAL, "invalid header length %u",
+                      h->header_length);
   if (h->header_length > 104)
     h->compression_type = b[104];
   return 0;
@@ -68,27 +65,27 @@ static int parse_v3(const uint8_t *b, size_t len, struct qcow2_header *h,
 static int check_features(struct qcow2_header *h, char *err, size_t errlen) {
   uint64_t unknown = h->incompatible & ~QCOW2_INCOMPAT_KNOWN;
   if (unknown)
-    return fail(err, errlen, -ENOTSUP,
-                "unsupported incompatible features 0x%llx",
-                (unsigned long long)unknown);
+    return qcow2_errf(err, errlen, -ENOTSUP,
+                      "unsupported incompatible features 0x%llx",
+                      (unsigned long long)unknown);
   if (h->crypt_method != 0)
-    return fail(err, errlen, -ENOTSUP,
-                "encrypted images are not supported (crypt_method %u)",
-                h->crypt_method);
+    return qcow2_errf(err, errlen, -ENOTSUP,
+                      "encrypted images are not supported (crypt_method %u)",
+                      h->crypt_method);
   if (h->refcount_order > 6)
-    return fail(err, errlen, -EINVAL, "invalid refcount order %u",
-                h->refcount_order);
+    return qcow2_errf(err, errlen, -EINVAL, "invalid refcount order %u",
+                      h->refcount_order);
   bool ctype = h->incompatible & QCOW2_INCOMPAT_COMPRESSION;
   if (ctype && h->compression_type == 0)
-    return fail(err, errlen, -EINVAL,
-                "compression type bit set with compression type 0");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "compression type bit set with compression type 0");
   if (ctype && h->compression_type != 1)
-    return fail(err, errlen, -ENOTSUP, "unknown compression type %u",
-                h->compression_type);
+    return qcow2_errf(err, errlen, -ENOTSUP, "unknown compression type %u",
+                      h->compression_type);
   if (!ctype && h->compression_type != 0)
-    return fail(err, errlen, -EINVAL,
-                "compression type %u without its feature bit",
-                h->compression_type);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "compression type %u without its feature bit",
+                      h->compression_type);
   if ((h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) &&
       !(h->incompatible & QCOW2_INCOMPAT_DATA_FILE))
     h->autoclear &= ~QCOW2_AUTOCLEAR_DATA_FILE_RAW; /* meaningless: ignore */
@@ -99,43 +96,44 @@ static int check_geometry(const struct qcow2_header *h, uint64_t file_size,
                           char *err, size_t errlen) {
   if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       h->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-    return fail(err, errlen, -EINVAL, "invalid cluster_bits %u",
-                h->cluster_bits);
+    return qcow2_errf(err, errlen, -EINVAL, "invalid cluster_bits %u",
+                      h->cluster_bits);
   bool extl2 = h->incompatible & QCOW2_INCOMPAT_EXTL2;
   if (extl2 && h->cluster_bits < 14)
-    return fail(err, errlen, -EINVAL,
-                "extended L2 entries need clusters of at least 16 KiB");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "extended L2 entries need clusters of at least 16 KiB");
   uint64_t csize = 1ull << h->cluster_bits;
   if (h->size > (1ull << 56))
-    return fail(err, errlen, -EINVAL, "virtual size %llu is too large",
-                (unsigned long long)h->size);
+    return qcow2_errf(err, errlen, -EINVAL, "virtual size %llu is too large",
+                      (unsigned long long)h->size);
   /* Guest bytes one L1 entry covers. */
   unsigned l2_bits = h->cluster_bits - (extl2 ? 4 : 3);
   uint64_t per_l1 = 1ull << (h->cluster_bits + l2_bits);
   uint64_t need = (h->size + per_l1 - 1) / per_l1;
   if ((uint64_t)h->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return fail(err, errlen, -EINVAL, "L1 table of %u entries is too large",
-                h->l1_size);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "L1 table of %u entries is too large", h->l1_size);
   if (h->l1_size < need)
-    return fail(err, errlen, -EINVAL,
-                "L1 table of %u entries cannot cover %llu bytes", h->l1_size,
-                (unsigned long long)h->size);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "L1 table of %u entries cannot cover %llu bytes",
+                      h->l1_size, (unsigned long long)h->size);
   if (h->l1_size &&
       !table_ok(h->l1_offset, (uint64_t)h->l1_size * 8, csize, file_size))
-    return fail(err, errlen, -EINVAL,
-                "L1 table offset 0x%llx is unaligned or past the end",
-                (unsigned long long)h->l1_offset);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "L1 table offset 0x%llx is unaligned or past the end",
+                      (unsigned long long)h->l1_offset);
   uint64_t rt_bytes = (uint64_t)h->reftable_clusters << h->cluster_bits;
   if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES || h->reftable_clusters == 0 ||
       !table_ok(h->reftable_offset, rt_bytes, csize, file_size))
-    return fail(err, errlen, -EINVAL,
-                "invalid refcount table (0x%llx, %u "
-                "clusters)",
-                (unsigned long long)h->reftable_offset, h->reftable_clusters);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "invalid refcount table (0x%llx, %u "
+                      "clusters)",
+                      (unsigned long long)h->reftable_offset,
+                      h->reftable_clusters);
   if (h->nb_snapshots > QCOW2_MAX_SNAPSHOTS ||
       (h->nb_snapshots && !table_ok(h->snapshots_offset,
                                     40ull * h->nb_snapshots, csize, file_size)))
-    return fail(err, errlen, -EINVAL, "invalid snapshot table");
+    return qcow2_errf(err, errlen, -EINVAL, "invalid snapshot table");
   return 0;
 }
 
@@ -146,16 +144,18 @@ static int parse_backing_name(const uint8_t *b, size_t len,
     return 0;
   if (h->backing_size == 0 || h->backing_size > QCOW2_MAX_BACKING_NAME ||
       h->backing_offset > len || h->backing_size > len - h->backing_offset)
-    return fail(err, errlen, -EINVAL, "invalid backing file name location");
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "invalid backing file name location");
   if (memchr(b + h->backing_offset, 0, h->backing_size))
-    return fail(err, errlen, -EINVAL, "backing file name contains NUL");
+    return qcow2_errf(err, errlen, -EINVAL, "backing file name contains NUL");
   return 0;
 }
 
 static int copy_string(char *dst, size_t cap, const uint8_t *src, uint32_t len,
                        const char *what, char *err, size_t errlen) {
   if (len >= cap || memchr(src, 0, len))
-    return fail(err, errlen, -EINVAL, "invalid %s header extension", what);
+    return qcow2_errf(err, errlen, -EINVAL, "invalid %s header extension",
+                      what);
   memcpy(dst, src, len);
   dst[len] = 0;
   return 0;
@@ -173,8 +173,8 @@ static int parse_extensions(const uint8_t *b, size_t len,
     if (type == QCOW2_EXT_END)
       return 0;
     if (elen > end - off)
-      return fail(err, errlen, -EINVAL, "header extension 0x%x overflows",
-                  type);
+      return qcow2_errf(err, errlen, -EINVAL, "header extension 0x%x overflows",
+                        type);
     const uint8_t *d = b + off;
     int r = 0;
     if (type == QCOW2_EXT_BACKING_FORMAT)
@@ -186,7 +186,8 @@ static int parse_extensions(const uint8_t *b, size_t len,
     else if (type == QCOW2_EXT_BITMAPS)
       h->has_bitmaps = true;
     else if (type == QCOW2_EXT_CRYPTO)
-      return fail(err, errlen, -ENOTSUP, "encrypted images are not supported");
+      return qcow2_errf(err, errlen, -ENOTSUP,
+                        "encrypted images are not supported");
     if (r < 0)
       return r;
     off += ((uint64_t)elen + 7) & ~7ull;
@@ -198,11 +199,11 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
                        struct qcow2_header *h, char *err, size_t errlen) {
   memset(h, 0, sizeof *h);
   if (len < 72 || get_be32(buf) != QCOW2_MAGIC)
-    return fail(err, errlen, -EINVAL, "not a qcow2 image");
+    return qcow2_errf(err, errlen, -EINVAL, "not a qcow2 image");
   parse_fixed(buf, h);
   if (h->version != 2 && h->version != 3)
-    return fail(err, errlen, -ENOTSUP, "unsupported qcow2 version %u",
-                h->version);
+    return qcow2_errf(err, errlen, -ENOTSUP, "unsupported qcow2 version %u",
+                      h->version);
   int r = parse_v3(buf, len, h, err, errlen);
   if (r == 0)
     r = check_features(h, err, errlen);
@@ -215,7 +216,7 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
   if (r == 0 && h->backing_offset &&
       (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) &&
       (h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW))
-    r = fail(err, errlen, -EINVAL,
-             "a raw external data file cannot have a backing file");
+    r = qcow2_errf(err, errlen, -EINVAL,
+                   "a raw external data file cannot have a backing file");
   return r;
 }

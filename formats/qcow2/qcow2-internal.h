@@ -99,7 +99,6 @@ int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
-int qcow2_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 
 /* write.c */
 int qcow2_open_writable(struct qcow2dev *q);

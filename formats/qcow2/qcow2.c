@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
+#include "../../core/io.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
 #include "../formats.h"
@@ -26,27 +27,6 @@ uint64_t qcow2_l2_cache_bytes = 32u * 1024 * 1024;
 
 /* ---- I/O helpers ---- */
 
-/* Read LEN bytes at OFF; what lies past the end of the file reads as
- * zeroes. */
-static int pread_zero(int fd, void *buf, size_t len, uint64_t off) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pread(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return -errno;
-    if (n == 0) {
-      memset(p, 0, len);
-      return 0;
-    }
-    p += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 static int corrupt(struct qcow2dev *q, const char *what, uint64_t value) {
   bd_set_error("qcow2 %s: corrupt image: %s (0x%llx)", q->path, what,
                (unsigned long long)value);
@@ -58,7 +38,7 @@ static int corrupt(struct qcow2dev *q, const char *what, uint64_t value) {
 
 int qcow2_load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n) {
   struct qcow2dev *q = ctx;
-  int r = pread_zero(q->fd, entries, n * 8, key);
+  int r = io_pread_zero(q->fd, entries, n * 8, key);
   if (r < 0)
     return r;
   for (size_t i = 0; i < n; i++)
@@ -175,7 +155,7 @@ static int read_compressed(struct qcow2dev *q, const struct qcow2_run *run,
   uint8_t *cluster = malloc(q->csize);
   int r = cbuf && cluster ? 0 : -ENOMEM;
   if (r == 0)
-    r = pread_zero(q->fd, cbuf, csize, run->coffset);
+    r = io_pread_zero(q->fd, cbuf, csize, run->coffset);
   if (r == 0 &&
       qcow2_decompress(q->h.compression_type, cbuf, csize, cluster, q->csize))
     r = corrupt(q, "compressed cluster does not decompress", run->coffset);
@@ -208,7 +188,7 @@ int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
       while (n < len && map_run(q, off + n, len - n, &next) == 0 &&
              next.kind == QCOW2_DATA && next.host == run.host + n)
         n += next.length;
-      r = pread_zero(q->data_fd, p, n, run.host);
+      r = io_pread_zero(q->data_fd, p, n, run.host);
       if (r < 0)
         bd_set_error("qcow2 %s: read: %s", q->path, strerror(-r));
     } else if (run.kind == QCOW2_COMPRESSED) {
@@ -527,7 +507,7 @@ static int load_l1(struct qcow2dev *q) {
   q->l1 = calloc(n ? n : 1, sizeof *q->l1);
   if (!q->l1)
     return -ENOMEM;
-  int r = pread_zero(q->fd, q->l1, n * 8, q->h.l1_offset);
+  int r = io_pread_zero(q->fd, q->l1, n * 8, q->h.l1_offset);
   for (size_t i = 0; r == 0 && i < n; i++) {
     q->l1[i] = get_be64((const uint8_t *)&q->l1[i]);
     if (q->l1[i] & QCOW2_L1_RESERVED)
@@ -545,7 +525,7 @@ static int read_header(struct qcow2dev *q, uint8_t **hdr) {
   *hdr = malloc(len ? len : 1);
   if (!*hdr)
     return -ENOMEM;
-  int r = pread_zero(q->fd, *hdr, len, 0);
+  int r = io_pread_zero(q->fd, *hdr, len, 0);
   char err[256];
   if (r == 0)
     r = qcow2_parse_header(*hdr, len, q->file_size, &q->h, err, sizeof err);

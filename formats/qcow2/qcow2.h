@@ -76,6 +76,10 @@ struct qcow2_header {
 int qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
                        struct qcow2_header *h, char *err, size_t errlen);
 
+/* Format a reason into ERR and return CODE (for the parsers' refusals). */
+int qcow2_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* What one guest range maps to. */
 enum qcow2_kind {
   QCOW2_UNALLOCATED, /* backing file, or zeroes */

@@ -15,42 +15,9 @@
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
+#include "../../core/io.h"
 #include "../../server/wire.h"
 #include "qcow2-internal.h"
-
-int qcow2_pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
-  const uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pwrite(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return -errno;
-    p += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static int pread_exact(int fd, void *buf, size_t len, uint64_t off) {
-  uint8_t *p = buf;
-  while (len > 0) {
-    ssize_t n = pread(fd, p, len, (off_t)off);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      return -errno;
-    if (n == 0) {
-      memset(p, 0, len); /* past the end: never written, so zero */
-      return 0;
-    }
-    p += n;
-    off += (uint64_t)n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
 
 /* Where the refcount of CLUSTER lives: block index, and the byte offset and
  * bit shift of its entry inside the block. */
@@ -78,7 +45,7 @@ static int read_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
                       unsigned shift, uint64_t *val) {
   unsigned nbytes = q->rc_bits < 8 ? 1 : q->rc_bits / 8;
   uint8_t b[8];
-  int r = pread_exact(q->fd, b, nbytes, block + byte);
+  int r = io_pread_zero(q->fd, b, nbytes, block + byte);
   if (r == 0)
     *val = decode_entry(q, b, shift);
   return r;
@@ -89,7 +56,7 @@ static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
   uint8_t b[8];
   unsigned nbytes = q->rc_bits < 8 ? 1 : q->rc_bits / 8;
   if (q->rc_bits < 8) {
-    int r = pread_exact(q->fd, b, 1, block + byte);
+    int r = io_pread_zero(q->fd, b, 1, block + byte);
     if (r < 0)
       return r;
     uint8_t mask = (uint8_t)(((1u << q->rc_bits) - 1) << shift);
@@ -98,7 +65,7 @@ static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
     for (unsigned i = 0; i < nbytes; i++)
       b[nbytes - 1 - i] = (uint8_t)(val >> (8 * i));
   }
-  return qcow2_pwrite_all(q->fd, b, nbytes, block + byte);
+  return io_pwrite_all(q->fd, b, nbytes, block + byte);
 }
 
 static uint64_t rc_max(const struct qcow2dev *q) {
@@ -136,7 +103,7 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
   uint8_t *zero = calloc(1, q->csize);
   if (!zero)
     return -ENOMEM;
-  int r = qcow2_pwrite_all(q->fd, zero, q->csize, b);
+  int r = io_pwrite_all(q->fd, zero, q->csize, b);
   free(zero);
   if (r < 0)
     return r;
@@ -154,7 +121,7 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
   if (r == 0) {
     uint8_t e[8];
     put_be64(e, b);
-    r = qcow2_pwrite_all(q->fd, e, 8, q->h.reftable_offset + ti * 8);
+    r = io_pwrite_all(q->fd, e, 8, q->h.reftable_offset + ti * 8);
   }
   if (r < 0)
     return r;
@@ -219,7 +186,7 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   for (uint64_t i = 0; r == 0 && i < entries; i++)
     put_be64(buf + i * 8, nt[i]);
   if (r == 0)
-    r = qcow2_pwrite_all(q->fd, buf, entries * 8, t);
+    r = io_pwrite_all(q->fd, buf, entries * 8, t);
   free(buf);
   /* The new table is durable before the header points at it. */
   if (r == 0 && fdatasync(q->fd) < 0)
@@ -228,7 +195,7 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   put_be64(hdr, t);
   put_be32(hdr + 8, (uint32_t)nclusters);
   if (r == 0)
-    r = qcow2_pwrite_all(q->fd, hdr, 12, 48);
+    r = io_pwrite_all(q->fd, hdr, 12, 48);
   if (r == 0 && fdatasync(q->fd) < 0)
     r = -errno;
   if (r < 0) {
@@ -284,8 +251,8 @@ int qcow2_rc_init(struct qcow2dev *q) {
   q->reftable = calloc(q->reftable_entries, 8);
   if (!q->reftable)
     return -ENOMEM;
-  int r = pread_exact(q->fd, q->reftable, q->reftable_entries * 8,
-                      q->h.reftable_offset);
+  int r = io_pread_zero(q->fd, q->reftable, q->reftable_entries * 8,
+                        q->h.reftable_offset);
   uint64_t end = (q->file_size + q->csize - 1) & ~(q->csize - 1);
   uint8_t *blk = malloc(q->csize);
   if (!blk)
@@ -300,7 +267,7 @@ int qcow2_rc_init(struct qcow2dev *q) {
       r = -EIO;
       break;
     }
-    r = pread_exact(q->fd, blk, q->csize, b);
+    r = io_pread_zero(q->fd, blk, q->csize, b);
     /* The last cluster with a reference bounds what may be reused. */
     for (uint64_t j = q->rb_entries; r == 0 && j-- > 0;) {
       uint64_t t, byte, v;

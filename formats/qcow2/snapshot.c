@@ -9,17 +9,6 @@
 #include "qcow2.h"
 #include "snapshot.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb) {
   if (!s)
     return;
@@ -34,11 +23,11 @@ void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb) {
  * reaches the limit. */
 static int short_table(size_t len, uint32_t i, char *err, size_t errlen) {
   if (len >= QCOW2_MAX_SNAPSHOTS_BYTES)
-    return fail(err, errlen, -EINVAL,
-                "snapshot table is larger than %u bytes (entry %u)",
-                QCOW2_MAX_SNAPSHOTS_BYTES, i);
-  return fail(err, errlen, -ENOSPC, "snapshot table is truncated (entry %u)",
-              i);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "snapshot table is larger than %u bytes (entry %u)",
+                      QCOW2_MAX_SNAPSHOTS_BYTES, i);
+  return qcow2_errf(err, errlen, -ENOSPC,
+                    "snapshot table is truncated (entry %u)", i);
 }
 
 static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
@@ -56,8 +45,9 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   uint32_t extra = get_be32(p + 36);
   s->disk_size = s->icount = UINT64_MAX;
   if (extra > QCOW2_MAX_SNAPSHOT_EXTRA)
-    return fail(err, errlen, -EINVAL,
-                "snapshot %u: extra data of %u bytes is too large", i, extra);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "snapshot %u: extra data of %u bytes is too large", i,
+                      extra);
   uint64_t total = 40ull + extra + id_len + name_len;
   if (total > avail)
     return -ENOSPC;
@@ -67,7 +57,7 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   if (total > avail)
     total = avail;
   if (id_len == 0)
-    return fail(err, errlen, -EINVAL, "snapshot %u has an empty ID", i);
+    return qcow2_errf(err, errlen, -EINVAL, "snapshot %u has an empty ID", i);
   const uint8_t *x = p + 40;
   if (extra >= 8)
     s->vm_state_size = get_be64(x);
@@ -76,23 +66,24 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   if (extra >= 24)
     s->icount = get_be64(x + 16);
   if ((uint64_t)s->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return fail(err, errlen, -EINVAL,
-                "snapshot %u: L1 table of %u entries is too large", i,
-                s->l1_size);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "snapshot %u: L1 table of %u entries is too large", i,
+                      s->l1_size);
   if (s->l1_size && (s->l1_offset % csize || s->l1_offset > file_size ||
                      (uint64_t)s->l1_size * 8 > file_size - s->l1_offset))
-    return fail(err, errlen, -EINVAL,
-                "snapshot %u: L1 table offset 0x%llx is unaligned or past the "
-                "end of the file",
-                i, (unsigned long long)s->l1_offset);
+    return qcow2_errf(
+        err, errlen, -EINVAL,
+        "snapshot %u: L1 table offset 0x%llx is unaligned or past the "
+        "end of the file",
+        i, (unsigned long long)s->l1_offset);
   const uint8_t *id = x + extra, *name = id + id_len;
   if (memchr(id, 0, id_len) || memchr(name, 0, name_len))
-    return fail(err, errlen, -EINVAL, "snapshot %u: ID or name contains NUL",
-                i);
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "snapshot %u: ID or name contains NUL", i);
   s->id = strndup((const char *)id, id_len);
   s->name = strndup((const char *)name, name_len);
   if (!s->id || !s->name)
-    return fail(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
   *elen = (size_t)total;
   return 0;
 }
@@ -104,14 +95,14 @@ int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
   *out = NULL;
   *used = 0;
   if (nb > QCOW2_MAX_SNAPSHOTS)
-    return fail(err, errlen, -EINVAL, "too many snapshots (%u)", nb);
+    return qcow2_errf(err, errlen, -EINVAL, "too many snapshots (%u)", nb);
   if (csize == 0 || (csize & (csize - 1)))
-    return fail(err, errlen, -EINVAL, "invalid cluster size");
+    return qcow2_errf(err, errlen, -EINVAL, "invalid cluster size");
   if (len > QCOW2_MAX_SNAPSHOTS_BYTES)
     len = QCOW2_MAX_SNAPSHOTS_BYTES;
   struct qcow2_snapshot *s = calloc(nb ? nb : 1, sizeof *s);
   if (!s)
-    return fail(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
   size_t off = 0;
   for (uint32_t i = 0; i < nb; i++) {
     size_t elen = 0;

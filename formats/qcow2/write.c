@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
+#include "../../core/io.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
 #include "check.h"
@@ -121,7 +122,7 @@ static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
 static int write_be64(struct qcow2dev *q, uint64_t off, uint64_t value) {
   uint8_t e[8];
   put_be64(e, value);
-  return qcow2_pwrite_all(q->fd, e, 8, off);
+  return io_pwrite_all(q->fd, e, 8, off);
 }
 
 static int datasync(struct qcow2dev *q) {
@@ -191,7 +192,7 @@ static int cow_l2(struct qcow2dev *q, uint64_t l1i, uint64_t old,
     r = -EIO;
   grow_file(q);
   if (r == 0)
-    r = qcow2_pwrite_all(q->fd, t, q->csize, nl2);
+    r = io_pwrite_all(q->fd, t, q->csize, nl2);
   if (r == 0)
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
   if (r == 0)
@@ -219,7 +220,7 @@ static int writable_l2(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off) {
   grow_file(q);
   /* The new table is written before the L1 entry points at it. */
   if (r == 0)
-    r = qcow2_pwrite_all(q->fd, zero, q->csize, nl2);
+    r = io_pwrite_all(q->fd, zero, q->csize, nl2);
   free(zero);
   if (r == 0)
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
@@ -302,12 +303,12 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0 && reads_zero(q, cluster, entry, bitmap)) {
     /* A fresh cluster at the end of the file already reads as zeroes:
      * write only the new bytes. */
-    r = qcow2_pwrite_all(q->fd, buf, n, host + in);
+    r = io_pwrite_all(q->fd, buf, n, host + in);
   } else if (r == 0) {
     uint8_t *data = malloc(q->csize);
     r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
     if (r == 0)
-      r = qcow2_pwrite_all(q->fd, data, q->csize, host);
+      r = io_pwrite_all(q->fd, data, q->csize, host);
     free(data);
   }
 
@@ -344,9 +345,9 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     pthread_mutex_unlock(&q->meta);
     uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
     if (buf)
-      return qcow2_pwrite_all(q->fd, buf, n, host);
+      return io_pwrite_all(q->fd, buf, n, host);
     uint8_t *z = calloc(1, n);
-    r = z ? qcow2_pwrite_all(q->fd, z, n, host) : -ENOMEM;
+    r = z ? io_pwrite_all(q->fd, z, n, host) : -ENOMEM;
     free(z);
     return r;
   }
@@ -375,7 +376,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   pthread_mutex_unlock(&q->meta);
   if (r < 0 || !owned_data(q, entry, bitmap, in, len))
     return -EAGAIN;
-  return qcow2_pwrite_all(q->fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
+  return io_pwrite_all(q->fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
 }
 
 /* Split [off, off+len) at cluster boundaries. */
@@ -541,7 +542,7 @@ int qcow2_open_writable(struct qcow2dev *q) {
    * the first write, as the spec asks. */
   if (q->h.version >= 3 && q->h.autoclear) {
     uint8_t z[8] = {0};
-    r = qcow2_pwrite_all(q->fd, z, 8, 88);
+    r = io_pwrite_all(q->fd, z, 8, 88);
     if (r == 0 && fdatasync(q->fd) < 0)
       r = -errno;
     if (r < 0)
