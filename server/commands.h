@@ -8,5 +8,6 @@ int create_main(int argc, char **argv);
 int info_main(int argc, char **argv);
 int check_main(int argc, char **argv);
 int map_main(int argc, char **argv);
+int convert_main(int argc, char **argv);
 
 #endif

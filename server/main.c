@@ -17,6 +17,7 @@ static const struct command {
     {"create", create_main, "create a raw or qcow2 image"},
     {"info", info_main, "show facts about an image"},
     {"map", map_main, "show where an image's data lives"},
+    {"convert", convert_main, "copy an image into a new raw or qcow2 file"},
 };
 
 static void usage(FILE *f) {

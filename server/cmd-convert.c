@@ -1,0 +1,246 @@
+/* blockport convert: copy an image into a new raw or qcow2 file, skipping
+ * what reads as zeroes, with many requests in flight through the block
+ * device interface (any source blockport opens, any chain). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "../core/pool.h"
+#include "../formats/qcow2/create.h"
+#include "commands.h"
+
+#define CHUNK (2u * 1024 * 1024) /* bytes per request */
+#define SLOTS 16                 /* requests in flight */
+#define WALK (256ull << 20)      /* block status asked per step */
+
+static const char convert_usage[] =
+    "Usage: blockport convert [-p] [-f FMT] -O raw|qcow2 SRC DST\n"
+    "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
+    "into a new image DST, skipping ranges that read as zeroes, with many\n"
+    "requests in flight.  DST is created (or overwritten).\n"
+    "  -p            show progress on a terminal\n"
+    "  -f FMT        format of SRC instead of probing\n"
+    "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n";
+
+/* One request slot: read from the source, then write to the destination. */
+struct slot {
+  struct bd_req req; /* first: completions find the slot */
+  struct copy *cp;
+  uint8_t *buf;
+  bool writing;
+};
+
+struct copy {
+  struct bd *src, *dst;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct slot slots[SLOTS];
+  struct slot *free[SLOTS];
+  unsigned nfree;
+  int err;
+  uint64_t done, total;
+  bool progress;
+};
+
+static void slot_done(struct bd_req *req, int err) {
+  struct slot *s = (struct slot *)req;
+  struct copy *cp = s->cp;
+  if (err == 0 && !s->writing) {
+    /* The data is in: the same buffer goes out to the destination. */
+    s->writing = true;
+    s->req.cmd = BD_WRITE;
+    bd_submit(cp->dst, &s->req);
+    return;
+  }
+  pthread_mutex_lock(&cp->lock);
+  if (err < 0 && cp->err == 0) {
+    cp->err = err;
+    fprintf(stderr, "blockport convert: %s at offset %llu: %s\n",
+            s->writing ? "write" : "read", (unsigned long long)req->offset,
+            bd_errmsg());
+  }
+  if (err == 0)
+    cp->done += req->length;
+  cp->free[cp->nfree++] = s;
+  pthread_cond_signal(&cp->cond);
+  pthread_mutex_unlock(&cp->lock);
+}
+
+static void show_progress(struct copy *cp) {
+  if (cp->progress && cp->total)
+    fprintf(stderr, "\r    (%6.2f/100%%)",
+            100.0 * (double)cp->done / (double)cp->total);
+}
+
+/* Copy [off, off+len) in CHUNK pieces. */
+static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
+  while (len > 0) {
+    pthread_mutex_lock(&cp->lock);
+    while (cp->nfree == 0)
+      pthread_cond_wait(&cp->cond, &cp->lock);
+    int err = cp->err;
+    struct slot *s = err ? NULL : cp->free[--cp->nfree];
+    pthread_mutex_unlock(&cp->lock);
+    if (err)
+      return err;
+    uint64_t n = len < CHUNK ? len : CHUNK;
+    s->writing = false;
+    s->req = (struct bd_req){.cmd = BD_READ,
+                             .offset = off,
+                             .length = n,
+                             .buf = s->buf,
+                             .done = slot_done};
+    bd_submit(cp->src, &s->req);
+    off += n;
+    len -= n;
+  }
+  return 0;
+}
+
+/* Walk the source's block status; copy what does not read as zeroes (the
+ * new destination reads as zeroes everywhere already). */
+static int copy_all(struct copy *cp) {
+  struct bd_extents ext;
+  bd_extents_init(&ext, 0, 1024);
+  uint64_t off = 0, size = cp->src->size;
+  int r = 0;
+  while (r == 0 && off < size) {
+    uint64_t len = size - off < WALK ? size - off : WALK;
+    bd_extents_reset(&ext, off, 1024);
+    struct bd_req bs = {
+        .cmd = BD_BLOCK_STATUS, .offset = off, .length = len, .extents = &ext};
+    r = bd_run(cp->src, &bs);
+    if (r == 0 && ext.n == 0)
+      r = -EIO;
+    for (size_t i = 0; r == 0 && i < ext.n && off < size; i++) {
+      uint64_t n = ext.v[i].length < size - off ? ext.v[i].length : size - off;
+      if (ext.v[i].flags & BD_EXT_ZERO) {
+        pthread_mutex_lock(&cp->lock);
+        cp->done += n;
+        pthread_mutex_unlock(&cp->lock);
+      } else {
+        r = copy_range(cp, off, n);
+      }
+      off += n;
+      show_progress(cp);
+    }
+  }
+  bd_extents_free(&ext);
+  /* Wait for every slot to come home. */
+  pthread_mutex_lock(&cp->lock);
+  while (cp->nfree < SLOTS)
+    pthread_cond_wait(&cp->cond, &cp->lock);
+  if (r == 0)
+    r = cp->err;
+  pthread_mutex_unlock(&cp->lock);
+  show_progress(cp);
+  if (cp->progress)
+    fputc('\n', stderr);
+  return r;
+}
+
+static int create_dst(const char *path, const char *fmt, uint64_t size) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    fprintf(stderr, "blockport convert: %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  char err[256] = "";
+  int r = 0;
+  if (!strcmp(fmt, "raw")) {
+    if (ftruncate(fd, (off_t)size) < 0)
+      snprintf(err, sizeof err, "%s", strerror(errno)), r = -1;
+  } else {
+    struct qcow2_create_opts o = {
+        .size = size, .version = 3, .cluster_bits = 16, .refcount_order = 4};
+    struct qcow2_layout l;
+    r = qcow2_create_layout(&o, &l, err, sizeof err);
+    if (r == 0)
+      r = qcow2_create_write(fd, &o, &l, err, sizeof err);
+  }
+  close(fd);
+  if (r < 0)
+    fprintf(stderr, "blockport convert: %s: %s\n", path, err);
+  return r < 0 ? -1 : 0;
+}
+
+static int convert(const char *src_path, const char *sfmt, const char *dst_path,
+                   const char *ofmt, bool progress) {
+  struct copy cp = {.progress = progress && isatty(2)};
+  cp.src = bd_open(src_path, sfmt, true);
+  if (!cp.src) {
+    fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
+    return 1;
+  }
+  int ret = 1;
+  uint64_t size = cp.src->size;
+  if (!strcmp(ofmt, "qcow2") && size % 512) {
+    fprintf(stderr,
+            "blockport convert: qcow2 needs a size that is a multiple "
+            "of 512 (%s has %llu bytes)\n",
+            src_path, (unsigned long long)size);
+    goto out;
+  }
+  if (create_dst(dst_path, ofmt, size) < 0)
+    goto out;
+  cp.dst = bd_open(dst_path, ofmt, false);
+  if (!cp.dst) {
+    fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
+    goto out;
+  }
+  pthread_mutex_init(&cp.lock, NULL);
+  pthread_cond_init(&cp.cond, NULL);
+  cp.total = size;
+  for (unsigned i = 0; i < SLOTS; i++) {
+    cp.slots[i].cp = &cp;
+    cp.slots[i].buf = malloc(CHUNK);
+    if (!cp.slots[i].buf)
+      cp.err = -ENOMEM;
+    cp.free[cp.nfree++] = &cp.slots[i];
+  }
+  int r = cp.err ? cp.err : copy_all(&cp);
+  if (r == 0)
+    r = bd_flush(cp.dst);
+  if (r == 0)
+    ret = 0;
+  for (unsigned i = 0; i < SLOTS; i++)
+    free(cp.slots[i].buf);
+  pthread_cond_destroy(&cp.cond);
+  pthread_mutex_destroy(&cp.lock);
+out:
+  if (cp.dst && bd_close(cp.dst) < 0)
+    ret = 1;
+  bd_close(cp.src);
+  return ret;
+}
+
+int convert_main(int argc, char **argv) {
+  const char *sfmt = NULL, *ofmt = NULL;
+  bool progress = false;
+  int ch;
+  while ((ch = getopt(argc, argv, "pf:O:h")) != -1) {
+    switch (ch) {
+    case 'p': progress = true; break;
+    case 'f': sfmt = optarg; break;
+    case 'O': ofmt = optarg; break;
+    case 'h': fputs(convert_usage, stdout); return 0;
+    default: fputs(convert_usage, stderr); return 2;
+    }
+  }
+  if (optind + 2 != argc || !ofmt ||
+      (strcmp(ofmt, "raw") != 0 && strcmp(ofmt, "qcow2") != 0)) {
+    fputs(convert_usage, stderr);
+    return 2;
+  }
+  if (bd_pool_start(8) < 0)
+    return 1;
+  int r = convert(argv[optind], sfmt, argv[optind + 1], ofmt, progress);
+  bd_pool_stop();
+  return r;
+}
