@@ -47,6 +47,7 @@ enum bd_cmd {
 #define BD_F_MAY_TRIM 0x2u  /* zero: may deallocate the range */
 #define BD_F_FAST_ZERO 0x4u /* zero: fail with -ENOTSUP unless fast */
 #define BD_F_REQ_ONE 0x8u   /* block status: one extent is enough */
+#define BD_F_COMPRESS 0x10u /* write: store compressed where the format can */
 
 /* Extent flags (the same meaning as NBD base:allocation). */
 #define BD_EXT_HOLE 0x1u /* not allocated in any layer */

@@ -20,11 +20,12 @@
 #define WALK (256ull << 20)      /* block status asked per step */
 
 static const char convert_usage[] =
-    "Usage: blockport convert [-p] [-f FMT] -O raw|qcow2 SRC DST\n"
+    "Usage: blockport convert [-p] [-c] [-f FMT] -O raw|qcow2 SRC DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
     "into a new image DST, skipping ranges that read as zeroes, with many\n"
     "requests in flight.  DST is created (or overwritten).\n"
     "  -p            show progress on a terminal\n"
+    "  -c            compress the clusters of a qcow2 DST (deflate)\n"
     "  -f FMT        format of SRC instead of probing\n"
     "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n";
 
@@ -46,6 +47,7 @@ struct copy {
   int err;
   uint64_t done, total;
   bool progress;
+  uint32_t write_flags; /* BD_F_COMPRESS with -c */
 };
 
 static void slot_done(struct bd_req *req, int err) {
@@ -55,6 +57,7 @@ static void slot_done(struct bd_req *req, int err) {
     /* The data is in: the same buffer goes out to the destination. */
     s->writing = true;
     s->req.cmd = BD_WRITE;
+    s->req.flags = cp->write_flags;
     bd_submit(cp->dst, &s->req);
     return;
   }
@@ -171,8 +174,9 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
 }
 
 static int convert(const char *src_path, const char *sfmt, const char *dst_path,
-                   const char *ofmt, bool progress) {
-  struct copy cp = {.progress = progress && isatty(2)};
+                   const char *ofmt, bool progress, bool compress) {
+  struct copy cp = {.progress = progress && isatty(2),
+                    .write_flags = compress ? BD_F_COMPRESS : 0};
   cp.src = bd_open(src_path, sfmt, true);
   if (!cp.src) {
     fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
@@ -222,11 +226,12 @@ out:
 
 int convert_main(int argc, char **argv) {
   const char *sfmt = NULL, *ofmt = NULL;
-  bool progress = false;
+  bool progress = false, compress = false;
   int ch;
-  while ((ch = getopt(argc, argv, "pf:O:h")) != -1) {
+  while ((ch = getopt(argc, argv, "pcf:O:h")) != -1) {
     switch (ch) {
     case 'p': progress = true; break;
+    case 'c': compress = true; break;
     case 'f': sfmt = optarg; break;
     case 'O': ofmt = optarg; break;
     case 'h': fputs(convert_usage, stdout); return 0;
@@ -238,9 +243,14 @@ int convert_main(int argc, char **argv) {
     fputs(convert_usage, stderr);
     return 2;
   }
+  if (compress && strcmp(ofmt, "qcow2") != 0) {
+    fprintf(stderr, "blockport convert: -c needs -O qcow2\n");
+    return 2;
+  }
   if (bd_pool_start(8) < 0)
     return 1;
-  int r = convert(argv[optind], sfmt, argv[optind + 1], ofmt, progress);
+  int r =
+      convert(argv[optind], sfmt, argv[optind + 1], ofmt, progress, compress);
   bd_pool_stop();
   return r;
 }

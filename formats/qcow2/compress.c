@@ -51,3 +51,28 @@ int qcow2_decompress(unsigned type, const uint8_t *in, size_t inlen,
   return type == 1 ? zstd_cluster(in, inlen, out, outlen)
                    : inflate_cluster(in, inlen, out, outlen);
 }
+
+/* Raw deflate with a 4 KiB window, as QEMU writes it. */
+static long deflate_cluster(const uint8_t *in, size_t inlen, uint8_t *out,
+                            size_t outlen) {
+  z_stream z = {0};
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9,
+                   Z_DEFAULT_STRATEGY) != Z_OK)
+    return -ENOMEM;
+  z.next_in = (Bytef *)in;
+  z.avail_in = (uInt)inlen;
+  z.next_out = out;
+  z.avail_out = (uInt)outlen;
+  int r = deflate(&z, Z_FINISH);
+  long n = r == Z_STREAM_END ? (long)(outlen - z.avail_out) : 0;
+  deflateEnd(&z);
+  return n;
+}
+
+long qcow2_compress(unsigned type, const uint8_t *in, size_t inlen,
+                    uint8_t *out, size_t outlen) {
+  if (type != 1)
+    return deflate_cluster(in, inlen, out, outlen);
+  size_t n = ZSTD_compress(out, outlen, in, inlen, ZSTD_CLEVEL_DEFAULT);
+  return ZSTD_isError(n) ? 0 : (long)n;
+}

@@ -38,6 +38,9 @@ struct qcow2dev {
   unsigned rc_bits;    /* refcount width */
   uint64_t rb_entries; /* refcounts per block */
   uint64_t alloc_end;  /* next host cluster to allocate */
+  /* Compressed clusters are packed one after another from cpos, as long as
+   * nothing else was allocated since (cpos_end == alloc_end). */
+  uint64_t cpos, cpos_end;
   /* Metadata updates not yet on disk (see write.c): L1 indices, L2 entries
    * (their slices pinned in the cache) and clusters to free. */
   struct pending *pend_l2;
@@ -61,6 +64,10 @@ struct inflight {
 /* compress.c: TYPE 0 deflate, 1 zstd.  Returns 0 or -EIO. */
 int qcow2_decompress(unsigned type, const uint8_t *in, size_t inlen,
                      uint8_t *out, size_t outlen);
+/* Compress one cluster into OUT (OUTLEN bytes).  Returns the compressed
+ * size, 0 if it does not fit, or -errno. */
+long qcow2_compress(unsigned type, const uint8_t *in, size_t inlen,
+                    uint8_t *out, size_t outlen);
 
 /* l2cache.c: L2 tables cached in slices, shared by all threads. */
 struct l2cache *l2cache_new(size_t slice_bytes, size_t total_bytes);

@@ -405,10 +405,92 @@ static int write_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return write_cluster(q, cluster, in, buf, n);
 }
 
+/* ---- compressed clusters ---- */
+
+/* Room for N compressed bytes: packed after the previous compressed
+ * cluster while nothing else was allocated since, else in a new cluster.
+ * Each host cluster the bytes touch gains a reference. */
+static int alloc_compressed(struct qcow2dev *q, uint64_t n, uint64_t *start) {
+  int r = 0;
+  uint64_t host;
+  if (q->cpos == 0 || q->cpos_end != q->alloc_end) {
+    r = qcow2_alloc_cluster(q, &host);
+    q->cpos = host;
+  } else if (q->cpos & (q->csize - 1)) {
+    r = qcow2_rc_update(q, q->cpos >> q->h.cluster_bits, 1);
+  }
+  *start = q->cpos;
+  while (r == 0 && q->cpos + n > q->alloc_end)
+    r = qcow2_alloc_cluster(q, &host);
+  q->cpos += n;
+  q->cpos_end = q->alloc_end;
+  grow_file(q);
+  return r;
+}
+
+/* Store guest CLUSTER compressed, if the cluster reads as zeroes now (a
+ * fresh destination) and compression gains at least a sector.  Returns 1
+ * when it did nothing, so the caller writes the cluster plainly. */
+static int write_compressed(struct qcow2dev *q, uint64_t cluster,
+                            const uint8_t *buf) {
+  uint8_t *out = malloc(q->csize);
+  if (!out)
+    return -ENOMEM;
+  long n =
+      qcow2_compress(q->h.compression_type, buf, q->csize, out, q->csize - 512);
+  if (n <= 0) {
+    free(out);
+    return n < 0 ? (int)n : 1;
+  }
+  pthread_mutex_lock(&q->meta);
+  wait_cluster(q, cluster);
+  uint64_t l2off, entry, bitmap, start = 0;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r == 0 && !reads_zero(q, cluster, entry, bitmap))
+    r = 1;
+  struct inflight f = {cluster, q->inflight};
+  if (r == 0) {
+    q->inflight = &f;
+    r = writable_l2(q, cluster, &l2off);
+    if (r == 0)
+      r = alloc_compressed(q, (uint64_t)n, &start);
+    pthread_mutex_unlock(&q->meta);
+    if (r == 0)
+      r = io_pwrite_all(q->fd, out, (size_t)n, start);
+    pthread_mutex_lock(&q->meta);
+    /* x = 62 - (cluster_bits - 8): offset below, extra sectors above. */
+    unsigned x = 62 - (q->h.cluster_bits - 8);
+    uint64_t nsect = ((start & 511) + (uint64_t)n + 511) / 512 - 1;
+    if (r == 0)
+      r = set_l2(q, l2off, cluster, QCOW2_L2_COMPRESSED | start | (nsect << x),
+                 0);
+    if (r == 0)
+      r = release_entry(q, entry);
+    if (r == 0)
+      r = maybe_sync(q);
+    finish_cluster(q, &f);
+  }
+  pthread_mutex_unlock(&q->meta);
+  free(out);
+  return r;
+}
+
+static int compress_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                          uint64_t n, const uint8_t *buf, uint32_t flags) {
+  (void)flags;
+  int r = n == q->csize ? write_compressed(q, cluster, buf) : 1;
+  return r == 1 ? write_cluster(q, cluster, in, buf, n) : r;
+}
+
 int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
                  uint32_t flags) {
   struct qcow2dev *q = bd->priv;
-  int r = for_each_cluster(q, off, len, write_piece, buf, 0);
+  /* Compressed clusters are whole clusters written once: BD_F_COMPRESS
+   * compresses the whole clusters of a write into clusters that read as
+   * zeroes; everything else is written plainly. */
+  int r = for_each_cluster(
+      q, off, len, (flags & BD_F_COMPRESS) ? compress_piece : write_piece, buf,
+      0);
   if (r < 0)
     bd_set_error("qcow2 %s: write at %llu failed: %s", q->path,
                  (unsigned long long)off, strerror(-r));

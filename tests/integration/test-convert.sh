@@ -35,6 +35,26 @@ used=$(( $(stat -c %b sparse.raw) * 512 ))
 [ $used -lt $((12 << 20)) ] || fail "raw copy not sparse: $used bytes allocated"
 ok "sparse: $used bytes allocated for 40 MiB"
 
+check "-c: compressed clusters that QEMU reads, checks and maps"
+(for i in $(seq 1 3000); do echo "line $i of some compressible text"; done
+ head -c 1M /dev/urandom) >text.raw
+truncate -s 8M text.raw
+for src in text.raw top.qcow2; do
+  rm -f c.qcow2
+  run "$BLOCKPORT" convert -c -O qcow2 "$src" c.qcow2 || fail "convert -c $src"
+  run qemu-img compare c.qcow2 "$src" || fail "$src -> compressed differs"
+  rc=0; qemu-img check c.qcow2 >check.txt 2>&1 || rc=$?
+  [ $rc -eq 0 ] || { cat check.txt; fail "compressed $src: check exit $rc"; }
+  grep -Eq '[1-9][0-9.]*% compressed clusters' check.txt || { cat check.txt; fail "nothing compressed"; }
+  # And blockport reads its own compressed clusters back.
+  rm -f back.raw
+  "$BLOCKPORT" convert -O raw c.qcow2 back.raw
+  run qemu-img compare -f raw back.raw "$src" || fail "read back differs"
+  ok "$src: $(grep -o '[0-9.]*% compressed clusters' check.txt)"
+done
+rc=0; "$BLOCKPORT" convert -c -O raw text.raw x.raw 2>err.txt || rc=$?
+[ $rc -eq 2 ] || fail "-c with -O raw: exit $rc"
+
 check "a memory: source and a null: source"
 "$BLOCKPORT" convert -O qcow2 memory:16M mem.qcow2 || fail "convert memory:"
 "$BLOCKPORT" convert -O raw null:16M null.raw || fail "convert null:"
