@@ -171,6 +171,8 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
     bd = null_open(spec + 5);
   else if (strncmp(spec, "memory:", 7) == 0)
     bd = memory_open(spec + 7);
+  else if (nbd_is_uri(spec))
+    bd = nbd_source_open(spec, readonly);
   else {
     const char *fmt = format ? format : bd_probe_format(spec);
     if (!strcmp(fmt, "raw"))

@@ -11,6 +11,9 @@ struct bd;
 struct bd *raw_open(const char *path, bool readonly);
 struct bd *null_open(const char *size);
 struct bd *memory_open(const char *size);
+/* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd. */
+bool nbd_is_uri(const char *spec);
+struct bd *nbd_source_open(const char *uri, bool readonly);
 struct bd *qcow2_open(const char *path, bool readonly);
 /* L2 cache of each qcow2 image opened from now on, in bytes. */
 extern uint64_t qcow2_l2_cache_bytes;

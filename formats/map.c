@@ -5,6 +5,30 @@
 
 #include "../core/blockdev.h"
 
+/* Any other device (an NBD export, memory, null): its block status, every
+ * byte its own, no file offset to show. */
+static int generic_map(struct bd *bd, uint64_t off, uint64_t len,
+                       struct map_entry *e) {
+  struct bd_extents ext;
+  bd_extents_init(&ext, off, 1);
+  struct bd_req req = {.cmd = BD_BLOCK_STATUS,
+                       .offset = off,
+                       .length = len,
+                       .flags = BD_F_REQ_ONE,
+                       .extents = &ext};
+  int r = bd_run(bd, &req);
+  if (r == 0 && ext.n == 0)
+    r = -EIO;
+  if (r == 0) {
+    e->length = ext.v[0].length < len ? ext.v[0].length : len;
+    e->present = true;
+    e->zero = ext.v[0].flags & BD_EXT_ZERO;
+    e->data = !(ext.v[0].flags & BD_EXT_HOLE);
+  }
+  bd_extents_free(&ext);
+  return r;
+}
+
 int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e) {
   memset(e, 0, sizeof *e);
@@ -25,6 +49,5 @@ int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
     return raw_map(bd, off, len, e);
   if (!strcmp(bd->format, "qcow2"))
     return qcow2_map(bd, depth, off, len, e);
-  bd_set_error("cannot map a %s device", bd->format);
-  return -ENOTSUP;
+  return generic_map(bd, off, len, e);
 }
