@@ -247,7 +247,10 @@ int convert_main(int argc, char **argv) {
     fprintf(stderr, "blockport convert: -c needs -O qcow2\n");
     return 2;
   }
-  if (bd_pool_start(8) < 0)
+  /* Four workers: more only contend for the destination file's inode
+   * lock (buffered writes to one file serialise in the kernel); reads from
+   * the page cache do not need them. */
+  if (bd_pool_start(4) < 0)
     return 1;
   int r =
       convert(argv[optind], sfmt, argv[optind + 1], ofmt, progress, compress);

@@ -1,0 +1,41 @@
+#!/bin/bash
+# blockport convert against qemu-img convert on the same inputs, one run:
+#   raw -> qcow2      a 1 GiB file, half random data, half holes
+#   qcow2 -> raw      the qcow2 made from it by qemu-img
+#   qcow2 -> qcow2 -c compressed output (text-like data, so it compresses)
+# Prints seconds per tool and the ratio qemu-img / blockport (higher is
+# better for blockport).  Each output is checked with qemu-img compare.
+# usage: contrib/bench/convert-bench.sh [BLOCKPORT]
+set -euo pipefail
+BP=$(readlink -f "${1:-$(dirname "$0")/../../build/blockport}")
+W=$(mktemp -d /tmp/convert-bench.XXXX)
+trap 'rm -rf "$W"' EXIT
+cd "$W"
+truncate -s 1G in.raw
+dd if=/dev/urandom of=in.raw bs=1M count=512 conv=notrunc status=none
+qemu-img convert -O qcow2 in.raw in.qcow2
+(yes "blockport compresses text like this line, over and over" || true) | head -c 256M >text.raw
+truncate -s 512M text.raw
+qemu-img convert -O qcow2 text.raw text.qcow2
+sync
+
+secs() { # each run starts with no dirty pages left by the one before
+  local t0 t1
+  sync
+  t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.3f", b - a}'
+}
+row() { # name src bp-args... -- qemu-args...
+  local name=$1 src=$2 of=$3; shift 3
+  rm -f out.*
+  local b q
+  b=$(secs "$BP" convert "$@" -O "$of" "$src" "out.$of")
+  qemu-img compare -q "out.$of" "$src" || { echo "$name: blockport output differs"; exit 1; }
+  rm -f out.*
+  q=$(secs qemu-img convert "$@" -O "$of" "$src" "out.$of")
+  printf '%-22s blockport %6.2f s   qemu-img %6.2f s   ratio %5.2f\n' "$name" "$b" "$q" \
+    "$(awk -v q="$q" -v b="$b" 'BEGIN{print q / b}')"
+}
+row "raw -> qcow2" in.raw qcow2
+row "qcow2 -> raw" in.qcow2 raw
+row "qcow2 -> qcow2 -c" text.qcow2 qcow2 -c
