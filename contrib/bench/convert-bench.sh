@@ -4,7 +4,9 @@
 #   qcow2 -> raw      the qcow2 made from it by qemu-img
 #   qcow2 -> qcow2 -c compressed output (text-like data, so it compresses)
 # Prints seconds per tool and the ratio qemu-img / blockport (higher is
-# better for blockport).  Each output is checked with qemu-img compare.
+# better for blockport), against qemu-img's default (its output is never
+# synced) and against -t writeback (synced at the end, as blockport's is).
+# Each blockport output is checked with qemu-img compare.
 # usage: contrib/bench/convert-bench.sh [BLOCKPORT]
 set -euo pipefail
 BP=$(readlink -f "${1:-$(dirname "$0")/../../build/blockport}")
@@ -33,8 +35,12 @@ row() { # name src bp-args... -- qemu-args...
   qemu-img compare -q "out.$of" "$src" || { echo "$name: blockport output differs"; exit 1; }
   rm -f out.*
   q=$(secs qemu-img convert "$@" -O "$of" "$src" "out.$of")
-  printf '%-22s blockport %6.2f s   qemu-img %6.2f s   ratio %5.2f\n' "$name" "$b" "$q" \
-    "$(awk -v q="$q" -v b="$b" 'BEGIN{print q / b}')"
+  rm -f out.*
+  # -t writeback: qemu-img flushes its output at the end, as blockport does.
+  w=$(secs qemu-img convert -t writeback "$@" -O "$of" "$src" "out.$of")
+  printf '%-20s blockport %5.2f s | qemu-img %5.2f s (ratio %4.2f) | qemu-img -t writeback %5.2f s (ratio %4.2f)\n' \
+    "$name" "$b" "$q" "$(awk -v q="$q" -v b="$b" 'BEGIN{print q / b}')" \
+    "$w" "$(awk -v q="$w" -v b="$b" 'BEGIN{print q / b}')"
 }
 row "raw -> qcow2" in.raw qcow2
 row "qcow2 -> raw" in.qcow2 raw

@@ -15,6 +15,7 @@ struct l2slice {
   uint64_t key;
   uint64_t *entries;
   unsigned refs;
+  unsigned dirty; /* pending metadata updates that pin this slice */
   bool loading, failed;
   struct l2slice *hnext;               /* hash chain */
   struct l2slice *lru_prev, *lru_next; /* unpinned slices only */
@@ -230,4 +231,13 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
 
 const uint64_t *qcow2_slice_entries(const struct l2slice *pin) {
   return pin->entries;
+}
+
+bool l2cache_mark_dirty(struct l2cache *c, struct l2slice *sl, int delta) {
+  struct shard *s = &c->shards[shard_of(sl->key)];
+  pthread_mutex_lock(&s->lock);
+  bool first = delta > 0 && sl->dirty == 0;
+  sl->dirty = (unsigned)((int)sl->dirty + delta);
+  pthread_mutex_unlock(&s->lock);
+  return first;
 }

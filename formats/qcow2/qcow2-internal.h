@@ -45,6 +45,7 @@ struct qcow2dev {
    * (their slices pinned in the cache) and clusters to free. */
   struct pending *pend_l2;
   size_t npend_l2, cap_pend_l2;
+  size_t pend_slices; /* distinct slices pinned by pend_l2 */
   uint64_t *pend_l1;
   size_t npend_l1, cap_pend_l1;
   struct pending *pend_free;
@@ -80,6 +81,9 @@ const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
                             void *ctx, struct l2slice **pin, int *err);
 void l2cache_put(struct l2cache *c, struct l2slice *pin);
 const uint64_t *qcow2_slice_entries(const struct l2slice *pin);
+/* Count a pending update on a pinned slice (DELTA +1 or -1); true when it
+ * is the slice's first. */
+bool l2cache_mark_dirty(struct l2cache *c, struct l2slice *sl, int delta);
 /* qcow2.c: the loader of L2 slices for l2cache_get(). */
 int qcow2_load_slice(void *ctx, uint64_t key, uint64_t *entries, size_t n);
 /* The slice at KEY if it is cached and loaded (pinned), else NULL. */

@@ -63,10 +63,14 @@ static void grow_file(struct qcow2dev *q) {
  *   1. fdatasync: data, refcount increases and new L2 tables are durable;
  *   2. write the L1 and L2 entries, fdatasync;
  *   3. drop the refcounts of clusters no longer referenced.
- * It runs on FLUSH (and FUA), at close, and when too much is pending.  A
+ * It runs on FLUSH (and FUA), at close, and when too much is pending (2048
+ * pinned slices, or 262144 updates).  A
  * crash before it loses the unflushed allocations, which leak. */
 
-#define MAX_PENDING 8192
+/* What may pend between sync points: slices kept pinned (8 MiB of
+ * cache), and updates of any kind. */
+#define MAX_PENDING_SLICES 2048
+#define MAX_PENDING 262144
 
 static int push(void *arrp, size_t *n, size_t *cap, size_t size,
                 const void *item) {
@@ -111,6 +115,8 @@ static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
   err = push(&q->pend_l2, &q->npend_l2, &q->cap_pend_l2, sizeof p, &p);
   if (err < 0)
     l2cache_put(q->cache, p.pin);
+  else if (l2cache_mark_dirty(q->cache, p.pin, 1))
+    q->pend_slices++;
   return err;
 }
 
@@ -144,9 +150,10 @@ static int sync_metadata(struct qcow2dev *q) {
     if (r == 0 && q->g.extended_l2)
       r = write_be64(q, p->a + 8,
                      __atomic_load_n(&e[p->b + 1], __ATOMIC_ACQUIRE));
+    l2cache_mark_dirty(q->cache, p->pin, -1);
     l2cache_put(q->cache, p->pin);
   }
-  q->npend_l1 = q->npend_l2 = 0;
+  q->npend_l1 = q->npend_l2 = q->pend_slices = 0;
   if (r == 0 && q->npend_free)
     r = datasync(q);
   for (size_t i = 0; r == 0 && i < q->npend_free; i++)
@@ -162,7 +169,8 @@ static int sync_metadata(struct qcow2dev *q) {
 }
 
 static int maybe_sync(struct qcow2dev *q) {
-  if (q->npend_l2 + q->npend_l1 + q->npend_free < MAX_PENDING)
+  if (q->pend_slices < MAX_PENDING_SLICES &&
+      q->npend_l2 + q->npend_l1 + q->npend_free < MAX_PENDING)
     return 0;
   return sync_metadata(q);
 }
