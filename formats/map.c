@@ -5,8 +5,8 @@
 
 #include "../core/blockdev.h"
 
-/* Any other device (an NBD export, memory, null): its block status, every
- * byte its own, no file offset to show. */
+/* A device without layers (raw, an NBD export, memory, null): its block
+ * status, every byte its own. */
 static int generic_map(struct bd *bd, uint64_t off, uint64_t len,
                        struct map_entry *e) {
   struct bd_extents ext;
@@ -45,9 +45,13 @@ int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
   }
   if (len > bd->size - off)
     len = bd->size - off;
-  if (!strcmp(bd->format, "raw"))
-    return raw_map(bd, off, len, e);
   if (!strcmp(bd->format, "qcow2"))
     return qcow2_map(bd, depth, off, len, e);
-  return generic_map(bd, off, len, e);
+  int r = generic_map(bd, off, len, e);
+  if (r == 0 && !strcmp(bd->format, "raw")) {
+    /* Every byte of a raw file sits at its own offset. */
+    e->has_offset = true;
+    e->offset = off;
+  }
+  return r;
 }

@@ -22,8 +22,7 @@ struct map_entry {
  * shorter than LEN).  DEPTH is the layer of BD.  Returns 0 or -errno. */
 int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e);
-/* For formats/: each format's own first run. */
-int raw_map(struct bd *bd, uint64_t off, uint64_t len, struct map_entry *e);
+/* For formats/: qcow2's own first run, one layer at a time. */
 int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e);
 

@@ -17,7 +17,6 @@
 
 #include "../core/blockdev.h"
 #include "formats.h"
-#include "map.h"
 
 struct rawdev {
   int fd;
@@ -210,26 +209,6 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
     return -EAGAIN;
   }
   return n == (ssize_t)req->length ? 0 : -EAGAIN;
-}
-
-/* Every byte of a raw file is its own: present at offset = guest offset,
- * data or a hole. */
-int raw_map(struct bd *bd, uint64_t off, uint64_t len, struct map_entry *e) {
-  struct bd_extents ext;
-  bd_extents_init(&ext, off, 1);
-  int r = raw_extents(bd, len, off, BD_F_REQ_ONE, &ext);
-  if (r == 0 && ext.n == 0)
-    r = -EIO;
-  if (r == 0) {
-    e->length = ext.v[0].length < len ? ext.v[0].length : len;
-    e->present = true;
-    e->zero = ext.v[0].flags & BD_EXT_ZERO;
-    e->data = !(ext.v[0].flags & BD_EXT_HOLE);
-    e->has_offset = true;
-    e->offset = off;
-  }
-  bd_extents_free(&ext);
-  return r;
 }
 
 static void raw_close(struct bd *bd) {
