@@ -14,6 +14,12 @@ struct bd *memory_open(const char *size);
 /* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd. */
 bool nbd_is_uri(const char *spec);
 struct bd *nbd_source_open(const char *uri, bool readonly);
+/* Options of each NBD source opened from now on.  Connections: 0 means 4
+ * when the server advertises multi-conn, otherwise 1.  Timeout: seconds a
+ * request may wait for a lost server (reconnecting) before failing with
+ * EIO; 0 waits forever. */
+extern unsigned nbd_source_connections;
+extern unsigned nbd_source_timeout;
 struct bd *qcow2_open(const char *path, bool readonly);
 /* L2 cache of each qcow2 image opened from now on, in bytes. */
 extern uint64_t qcow2_l2_cache_bytes;

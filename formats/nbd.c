@@ -21,6 +21,9 @@
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
 #define NBD_CHUNK (1u << 30)
 
+unsigned nbd_source_connections = 0;
+unsigned nbd_source_timeout = 30;
+
 struct nbddev {
   struct nbd_handle *h;
   int wakefd;
