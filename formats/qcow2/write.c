@@ -342,6 +342,96 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return r;
 }
 
+/* ---- subclusters (extended L2) ----
+ *
+ * A write into subclusters that are not allocated yet, in a cluster the
+ * image owns or that has no host cluster at all, writes only the
+ * subclusters it touches (the rest of a partially covered one comes from
+ * wherever it reads now) and then sets their allocation bits: no copy of
+ * the whole cluster from the backing file. */
+
+/* Whether the write can take the subcluster path. */
+static bool subcluster_writable(const struct qcow2dev *q, uint64_t entry,
+                                uint64_t bitmap) {
+  if (!q->g.extended_l2 || (entry & QCOW2_L2_COMPRESSED))
+    return false;
+  if (entry & QCOW2_OFFSET_MASK)
+    return entry & QCOW2_L2_COPIED;
+  return !(bitmap & EXT_ALL_ALLOCATED); /* else corrupt: the read fails */
+}
+
+/* Bytes [lo, hi) of guest CLUSTER, the subclusters [in, in+n) touches,
+ * with BUF (or zeroes) laid over [in, in+n), into OUT. */
+static int build_span(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                      const uint8_t *buf, uint64_t n, uint32_t lo, uint32_t hi,
+                      uint8_t *out) {
+  uint64_t base = cluster << q->h.cluster_bits;
+  int r = 0;
+  if (lo < in)
+    r = qcow2_read(q, out, in - lo, base + lo);
+  if (r == 0 && in + n < hi)
+    r = qcow2_read(q, out + (in - lo) + n, hi - in - n, base + in + n);
+  if (buf)
+    memcpy(out + (in - lo), buf, n);
+  else
+    memset(out + (in - lo), 0, n);
+  return r;
+}
+
+/* Metadata lock held on entry and exit; ENTRY and BITMAP as looked up. */
+static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                            const uint8_t *buf, uint64_t n, uint64_t entry,
+                            uint64_t bitmap) {
+  struct inflight f = {cluster, q->inflight};
+  q->inflight = &f;
+  uint64_t l2off, host = entry & QCOW2_OFFSET_MASK;
+  bool fresh = host == 0;
+  int r = writable_l2(q, cluster, &l2off);
+  if (r == 0 && fresh)
+    r = qcow2_alloc_cluster(q, &host);
+  grow_file(q);
+  pthread_mutex_unlock(&q->meta);
+
+  /* Partly covered subclusters at either end are filled in, unless they
+   * are allocated already: their other bytes may be under an in-place
+   * write right now, and must not be written back. */
+  uint32_t sc = (uint32_t)(q->csize >> 5), bits = q->h.cluster_bits - 5;
+  uint32_t lo = in / sc * sc;
+  uint32_t hi = (uint32_t)((in + n + sc - 1) / sc * sc);
+  if (bitmap & (1ull << (in >> bits)))
+    lo = in;
+  if (bitmap & (1ull << ((in + n - 1) >> bits)))
+    hi = (uint32_t)(in + n);
+  uint8_t *span = r == 0 ? malloc(hi - lo) : NULL;
+  if (r == 0 && !span)
+    r = -ENOMEM;
+  if (r == 0)
+    r = build_span(q, cluster, in, buf, n, lo, hi, span);
+  if (r == 0)
+    r = io_pwrite_all(q->fd, span, hi - lo, host + lo);
+  free(span);
+
+  pthread_mutex_lock(&q->meta);
+  /* Data before the bitmap that exposes it: set_l2 reaches the file only
+   * after the sync point's fdatasync. */
+  uint64_t mask = sc_mask(q, in, n);
+  if (r == 0)
+    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
+               (bitmap | mask) & ~(mask << 32));
+  if (r == 0)
+    r = maybe_sync(q);
+  else if (fresh && host)
+    qcow2_free_range(q, host, q->csize); /* never published */
+  if (r < 0 && !q->broken) {
+    q->broken = true;
+    log_error("qcow2 %s: metadata update failed (%s); refusing further "
+              "writes",
+              q->path, strerror(-r));
+  }
+  finish_cluster(q, &f);
+  return r;
+}
+
 /* Write [in, in+n) of guest CLUSTER; BUF NULL writes zeroes. */
 static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                          const uint8_t *buf, uint64_t n) {
@@ -361,6 +451,8 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   }
   if (r == 0 && !buf && reads_zero(q, cluster, entry, bitmap))
     r = 0; /* zeroes over zeroes: nothing to do */
+  else if (r == 0 && subcluster_writable(q, entry, bitmap))
+    r = subcluster_write(q, cluster, in, buf, n, entry, bitmap);
   else if (r == 0)
     r = allocate_write(q, cluster, in, buf, n, entry, bitmap);
   pthread_mutex_unlock(&q->meta);
@@ -535,9 +627,49 @@ static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
   return r;
 }
 
+/* Set the zero bits of the whole subclusters [in, in+n) of CLUSTER (and
+ * clear their allocation bits); a compressed cluster is rewritten. */
+static int set_zero_bits(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                         uint64_t n) {
+  pthread_mutex_lock(&q->meta);
+  wait_cluster(q, cluster);
+  uint64_t l2off, entry, bitmap;
+  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  uint64_t mask = sc_mask(q, in, n), nb = (bitmap & ~mask) | (mask << 32);
+  if (r == 0 && (entry & QCOW2_L2_COMPRESSED)) {
+    r = allocate_write(q, cluster, in, NULL, n, entry, bitmap);
+  } else if (r == 0 && nb != bitmap) {
+    if (l2off == 0 || !(q->l1[cluster >> q->l2_bits] & QCOW2_L2_COPIED))
+      r = writable_l2(q, cluster, &l2off);
+    grow_file(q);
+    if (r == 0)
+      r = set_l2(q, l2off, cluster, entry, nb);
+    if (r == 0)
+      r = maybe_sync(q);
+  }
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
+/* Zero [in, in+n) of an extended-L2 cluster: whole subclusters by their
+ * zero bits, partial ones at either end by writing zeroes. */
+static int zero_subclusters(struct qcow2dev *q, uint64_t cluster, uint32_t in,
+                            uint64_t n) {
+  uint32_t sc = (uint32_t)(q->csize >> 5);
+  uint32_t a = (in + sc - 1) / sc * sc, b = (uint32_t)((in + n) / sc * sc);
+  if (a >= b)
+    return write_cluster(q, cluster, in, NULL, n);
+  int r = a > in ? write_cluster(q, cluster, in, NULL, a - in) : 0;
+  if (r == 0 && in + n > b)
+    r = write_cluster(q, cluster, b, NULL, in + n - b);
+  return r == 0 ? set_zero_bits(q, cluster, a, b - a) : r;
+}
+
 static int zero_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                       uint64_t n, const uint8_t *buf, uint32_t flags) {
   (void)buf;
+  if (n < q->csize && q->g.extended_l2)
+    return zero_subclusters(q, cluster, in, n);
   if (n < q->csize || !q->g.v3)
     return write_cluster(q, cluster, in, NULL, n);
   bool keep = !(flags & BD_F_MAY_TRIM);
