@@ -1,9 +1,12 @@
 /* blockport check: qemu-img check for qcow2 images, with its exit codes. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../formats/formats.h"
 #include "../formats/qcow2/check.h"
 #include "commands.h"
 
@@ -12,8 +15,10 @@ static const char check_usage[] =
     "Check a qcow2 image's metadata: every host cluster's refcount against\n"
     "the references to it.  --repair rebuilds the refcounts (leaks: only\n"
     "when there is no corruption; all: always).\n"
+    "IMAGE may also be an NBD URI, which shows no metadata to check.\n"
     "Exit status: 0 no errors, 2 corruptions, 3 leaks only, 1 the check\n"
-    "could not run.\n";
+    "could not run, 63 the image has no metadata to check (raw, NBD), as\n"
+    "qemu-img check.\n";
 
 int check_main(int argc, char **argv) {
   static const struct option longopts[] = {
@@ -40,9 +45,22 @@ int check_main(int argc, char **argv) {
     return 2;
   }
   const char *path = argv[optind];
-  if (strcmp(bd_probe_format(path), "qcow2") != 0) {
-    fprintf(stderr, "blockport check: %s: not a qcow2 image\n", path);
+  if (nbd_is_uri(path)) {
+    fprintf(stderr,
+            "blockport check: %s: an NBD export shows only its guest data, "
+            "no image metadata to check (check the image on the server)\n",
+            path);
+    return 63;
+  }
+  if (access(path, R_OK) != 0) {
+    fprintf(stderr, "blockport check: %s: %s\n", path, strerror(errno));
     return 1;
+  }
+  if (strcmp(bd_probe_format(path), "qcow2") != 0) {
+    fprintf(stderr,
+            "blockport check: %s: a raw image has no metadata to check\n",
+            path);
+    return 63;
   }
   struct qcow2_check_result res;
   if (qcow2_check_path(path, repair, stdout, &res) < 0) {

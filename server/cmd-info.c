@@ -16,6 +16,7 @@
 
 #include "../core/blockdev.h"
 #include "../core/io.h"
+#include "../formats/formats.h"
 #include "../formats/qcow2/qcow2.h"
 #include "../formats/qcow2/snapshot.h"
 #include "commands.h"
@@ -28,6 +29,7 @@
 static const char info_usage[] =
     "Usage: blockport info [OPTIONS] IMAGE\n"
     "Show the format, sizes and format-specific facts of a disk image.\n"
+    "IMAGE may be an NBD URI (nbd://, nbd+unix://): its size, read as raw.\n"
     "\n"
     "  -f, --format FMT    image format instead of probing: raw, qcow2\n"
     "      --json          print JSON with the field names of `qemu-img info\n"
@@ -52,6 +54,7 @@ struct image {
   dev_t dev;
   ino_t ino;
   bool qcow2;
+  bool remote; /* an NBD export: no file, so no disk or file size */
   struct qcow2_header h;
   char *backing, *full_backing; /* NULL without a backing file */
   struct qcow2_snapshot *snaps;
@@ -223,11 +226,27 @@ static int read_qcow2(int fd, struct image *im) {
   return r;
 }
 
+/* An NBD export shows only its guest view: a raw disk of some size. */
+static int read_remote(const char *uri, struct image *im) {
+  struct bd *bd = bd_open(uri, NULL, true);
+  if (!bd)
+    return fail("%s", bd_errmsg());
+  im->format = "raw";
+  im->remote = true;
+  im->vsize = bd->size;
+  bd_close(bd);
+  return 0;
+}
+
 static int read_image(const char *path, const char *format, struct image *im) {
   memset(im, 0, sizeof *im);
   errbuf[0] = 0;
   if (!(im->filename = strdup(path)))
     return fail("out of memory");
+  if (nbd_is_uri(path))
+    return format && strcmp(format, "raw")
+               ? fail("an NBD export is read as raw, not %s", format)
+               : read_remote(path, im);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return fail("%s", strerror(errno));
@@ -341,6 +360,10 @@ static void print_human(const struct image *im) {
   printf("image: %s\nfile format: %s\n", im->filename, im->format);
   human_size(a, sizeof a, im->vsize);
   printf("virtual size: %s (%" PRIu64 " bytes)\n", a, im->vsize);
+  if (im->remote) {
+    printf("disk size: unavailable\n");
+    return;
+  }
   human_size(a, sizeof a, im->actual);
   human_size(b, sizeof b, im->file_size);
   printf("disk size: %s\nfile size: %s (%" PRIu64 " bytes)\n", a, b,
@@ -408,8 +431,10 @@ static void print_json(const struct image *im, const char *ind) {
   json_str(im->filename);
   printf(",\n%s    \"format\": \"%s\",\n", ind, im->format);
   printf("%s    \"virtual-size\": %" PRIu64 ",\n", ind, im->vsize);
-  printf("%s    \"actual-size\": %" PRIu64 ",\n", ind, im->actual);
-  printf("%s    \"file-length\": %" PRIu64 ",\n", ind, im->file_size);
+  if (!im->remote) {
+    printf("%s    \"actual-size\": %" PRIu64 ",\n", ind, im->actual);
+    printf("%s    \"file-length\": %" PRIu64 ",\n", ind, im->file_size);
+  }
   if (im->qcow2) {
     printf("%s    \"cluster-size\": %llu,\n", ind, 1ull << h->cluster_bits);
     if (im->backing) {

@@ -112,8 +112,18 @@ qemu-io -f qcow2 -r -c 'read -P 4 0 3M' -c 'read -P 5 10M 64k' \
 grep -q "Pattern verification failed" "$T/r.txt" && fail "data after repair differs"
 ok "dirty image repaired at open, data intact"
 
-check "not a qcow2 image: exit 1"
+check "no metadata to check (raw, an NBD URI): exit 63 as qemu-img; missing: 1"
 truncate -s 1M "$T/raw.img"
 bp_check "$T/raw.img"
-[ $RC -eq 1 ] || fail "raw image: exit $RC, want 1"
-ok "refused"
+[ $RC -eq "$(qemu_rc "$T/raw.img")" ] && [ $RC -eq 63 ] ||
+  fail "raw image: exit $RC, want 63"
+grep -q "raw image has no metadata" "$T/bp.txt" || { cat "$T/bp.txt"; fail "message"; }
+start_server "$T/raw.img"
+bp_check "$URI"
+[ $RC -eq 63 ] || fail "NBD URI: exit $RC, want 63"
+grep -q "NBD export" "$T/bp.txt" || { cat "$T/bp.txt"; fail "message"; }
+stop_server
+bp_check "$T/nonexistent.qcow2"
+[ $RC -eq 1 ] || fail "missing file: exit $RC, want 1"
+grep -q "No such file" "$T/bp.txt" || { cat "$T/bp.txt"; fail "message"; }
+ok "refused, with reasons"

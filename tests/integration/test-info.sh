@@ -214,3 +214,26 @@ rc=0
 [[ $rc == 1 && -s err ]] || fail_soft "missing file: exit $rc"
 "$BLOCKPORT" info --help | grep -q Usage || fail_soft "--help"
 ok "usage"
+
+check "an NBD URI: the guest view, as qemu-img info shows it"
+truncate -s 48M nbd.raw
+start_server nbd.raw
+"$BLOCKPORT" info --json "$URI" >ours.json || fail "info --json of $URI"
+qemu-img info --output=json "$URI" >theirs.json
+"$PY" - ours.json theirs.json <<'PYEOF' || fail "JSON differs from qemu-img's"
+import json, sys
+ours, theirs = (json.load(open(f)) for f in sys.argv[1:3])
+for k in ("virtual-size", "format", "actual-size", "file-length"):
+    assert ours.get(k) == theirs.get(k), (k, ours.get(k), theirs.get(k))
+PYEOF
+"$BLOCKPORT" info "$URI" >ours.txt || fail "info of $URI"
+qemu-img info "$URI" | grep -v '^image:' >theirs.txt
+while IFS= read -r line; do
+    grep -qxF -- "$line" ours.txt || fail "text output lacks '$line'"
+done <theirs.txt
+rc=0; "$BLOCKPORT" info -f qcow2 "$URI" >/dev/null 2>err || rc=$?
+[[ $rc == 1 ]] && grep -q "read as raw" err || fail "-f qcow2 of a URI: exit $rc"
+stop_server
+rc=0; "$BLOCKPORT" info "$URI" >/dev/null 2>err || rc=$?
+[[ $rc == 1 && -s err ]] || fail "a URI with no server: exit $rc"
+ok "size, format and disk size as qemu-img; no server: exit 1"
