@@ -489,7 +489,9 @@ static int open_data_file(struct qcow2dev *q) {
     return -EINVAL;
   }
   char *dpath = resolve_relative(q->path, q->h.data_file);
-  q->data_fd = dpath ? open(dpath, O_RDONLY | O_CLOEXEC) : -1;
+  /* Opened for writing when the image is. */
+  int mode = fcntl(q->fd, F_GETFL) & O_ACCMODE;
+  q->data_fd = dpath ? open(dpath, mode | O_CLOEXEC) : -1;
   if (q->data_fd < 0) {
     bd_set_error("qcow2 %s: data file %s: %s", q->path, dpath ? dpath : "?",
                  strerror(errno));

@@ -12,6 +12,7 @@
  * L2 entry before the refcount (-1), new L2 table before its L1 entry;
  * the sync point below makes that order hold across power loss. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -132,6 +133,8 @@ static int write_be64(struct qcow2dev *q, uint64_t off, uint64_t value) {
 }
 
 static int datasync(struct qcow2dev *q) {
+  if (q->data_fd != q->fd && fdatasync(q->data_fd) < 0)
+    return -errno;
   return fdatasync(q->fd) < 0 ? -errno : 0;
 }
 
@@ -177,6 +180,8 @@ static int maybe_sync(struct qcow2dev *q) {
 
 /* Drop the host clusters an L2 entry holds (at the next sync point). */
 static int release_entry(struct qcow2dev *q, uint64_t entry) {
+  if (q->g.data_file)
+    return 0; /* the data file's clusters have no refcounts */
   if (entry & QCOW2_L2_COMPRESSED) {
     struct qcow2_run run;
     if (qcow2_decode_l2(&q->g, entry, 0, 0, 1, &run) < 0)
@@ -248,12 +253,35 @@ static uint64_t sc_mask(const struct qcow2dev *q, uint32_t in, uint64_t n) {
   return ((2ull << last) - 1) & ~((1ull << first) - 1);
 }
 
+/* Whether ENTRY points at a host cluster: in an external data file host
+ * offset 0 is one (guest cluster 0), marked by the COPIED bit. */
+static bool has_host(const struct qcow2dev *q, uint64_t entry) {
+  return (entry & QCOW2_OFFSET_MASK) ||
+         (q->g.data_file && (entry & QCOW2_L2_COPIED));
+}
+
+/* A host cluster for guest CLUSTER's data: allocated in the image, or in
+ * an external data file the one at the guest offset (metadata lock held). */
+static int alloc_data(struct qcow2dev *q, uint64_t cluster, uint64_t *host) {
+  if (q->g.data_file) {
+    *host = cluster << q->h.cluster_bits;
+    return 0;
+  }
+  return qcow2_alloc_cluster(q, host);
+}
+
+/* Undo alloc_data() for a cluster never published. */
+static void unalloc_data(struct qcow2dev *q, uint64_t host) {
+  if (!q->g.data_file)
+    qcow2_free_range(q, host, q->csize);
+}
+
 /* A cluster the image owns alone, whose bytes [in, in+n) can be written in
  * place (with extended L2: their subclusters are allocated).  N 0 asks
  * only whether the image owns the cluster. */
 static bool owned_data(const struct qcow2dev *q, uint64_t entry,
                        uint64_t bitmap, uint32_t in, uint64_t n) {
-  if ((entry & QCOW2_L2_COMPRESSED) || !(entry & QCOW2_OFFSET_MASK) ||
+  if ((entry & QCOW2_L2_COMPRESSED) || !has_host(q, entry) ||
       !(entry & QCOW2_L2_COPIED))
     return false;
   if (!q->g.extended_l2)
@@ -293,7 +321,7 @@ static bool reads_zero(const struct qcow2dev *q, uint64_t cluster,
   }
   if ((entry & QCOW2_L2_ZERO) && q->g.v3)
     return true;
-  return !(entry & QCOW2_OFFSET_MASK) && no_backing;
+  return !has_host(q, entry) && no_backing;
 }
 
 static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
@@ -303,20 +331,21 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   q->inflight = &f;
   uint64_t l2off, host = 0;
   int r = writable_l2(q, cluster, &l2off);
+  bool fresh = r == 0 && !q->g.data_file, got = false;
   if (r == 0)
-    r = qcow2_alloc_cluster(q, &host);
+    got = (r = alloc_data(q, cluster, &host)) == 0;
   grow_file(q);
   pthread_mutex_unlock(&q->meta);
 
-  if (r == 0 && reads_zero(q, cluster, entry, bitmap)) {
+  if (r == 0 && fresh && reads_zero(q, cluster, entry, bitmap)) {
     /* A fresh cluster at the end of the file already reads as zeroes:
      * write only the new bytes. */
-    r = io_pwrite_all(q->fd, buf, n, host + in);
+    r = io_pwrite_all(q->data_fd, buf, n, host + in);
   } else if (r == 0) {
     uint8_t *data = malloc(q->csize);
     r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
     if (r == 0)
-      r = io_pwrite_all(q->fd, data, q->csize, host);
+      r = io_pwrite_all(q->data_fd, data, q->csize, host);
     free(data);
   }
 
@@ -326,12 +355,12 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0)
     r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
                q->g.extended_l2 ? EXT_ALL_ALLOCATED : 0);
+  else if (got)
+    unalloc_data(q, host); /* never published */
   if (r == 0)
     r = release_entry(q, entry);
   if (r == 0)
     r = maybe_sync(q);
-  else if (host)
-    qcow2_free_range(q, host, q->csize); /* never published */
   if (r < 0 && !q->broken) {
     q->broken = true;
     log_error("qcow2 %s: metadata update failed (%s); refusing further "
@@ -355,7 +384,7 @@ static bool subcluster_writable(const struct qcow2dev *q, uint64_t entry,
                                 uint64_t bitmap) {
   if (!q->g.extended_l2 || (entry & QCOW2_L2_COMPRESSED))
     return false;
-  if (entry & QCOW2_OFFSET_MASK)
+  if (has_host(q, entry))
     return entry & QCOW2_L2_COPIED;
   return !(bitmap & EXT_ALL_ALLOCATED); /* else corrupt: the read fails */
 }
@@ -385,10 +414,10 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   struct inflight f = {cluster, q->inflight};
   q->inflight = &f;
   uint64_t l2off, host = entry & QCOW2_OFFSET_MASK;
-  bool fresh = host == 0;
+  bool fresh = !has_host(q, entry);
   int r = writable_l2(q, cluster, &l2off);
   if (r == 0 && fresh)
-    r = qcow2_alloc_cluster(q, &host);
+    r = alloc_data(q, cluster, &host);
   grow_file(q);
   pthread_mutex_unlock(&q->meta);
 
@@ -408,20 +437,21 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0)
     r = build_span(q, cluster, in, buf, n, lo, hi, span);
   if (r == 0)
-    r = io_pwrite_all(q->fd, span, hi - lo, host + lo);
+    r = io_pwrite_all(q->data_fd, span, hi - lo, host + lo);
   free(span);
 
   pthread_mutex_lock(&q->meta);
   /* Data before the bitmap that exposes it: set_l2 reaches the file only
    * after the sync point's fdatasync. */
   uint64_t mask = sc_mask(q, in, n);
+  bool published = false;
   if (r == 0)
-    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
-               (bitmap | mask) & ~(mask << 32));
+    published = (r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
+                            (bitmap | mask) & ~(mask << 32))) == 0;
   if (r == 0)
     r = maybe_sync(q);
-  else if (fresh && host)
-    qcow2_free_range(q, host, q->csize); /* never published */
+  else if (fresh && host && !published)
+    unalloc_data(q, host); /* never published */
   if (r < 0 && !q->broken) {
     q->broken = true;
     log_error("qcow2 %s: metadata update failed (%s); refusing further "
@@ -443,9 +473,9 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     pthread_mutex_unlock(&q->meta);
     uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
     if (buf)
-      return io_pwrite_all(q->fd, buf, n, host);
+      return io_pwrite_all(q->data_fd, buf, n, host);
     uint8_t *z = calloc(1, n);
-    r = z ? io_pwrite_all(q->fd, z, n, host) : -ENOMEM;
+    r = z ? io_pwrite_all(q->data_fd, z, n, host) : -ENOMEM;
     free(z);
     return r;
   }
@@ -476,7 +506,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   pthread_mutex_unlock(&q->meta);
   if (r < 0 || !owned_data(q, entry, bitmap, in, len))
     return -EAGAIN;
-  return io_pwrite_all(q->fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
+  return io_pwrite_all(q->data_fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
 }
 
 /* Split [off, off+len) at cluster boundaries. */
@@ -578,7 +608,9 @@ static int write_compressed(struct qcow2dev *q, uint64_t cluster,
 static int compress_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                           uint64_t n, const uint8_t *buf, uint32_t flags) {
   (void)flags;
-  int r = n == q->csize ? write_compressed(q, cluster, buf) : 1;
+  /* External data files hold no compressed clusters. */
+  int r =
+      n == q->csize && !q->g.data_file ? write_compressed(q, cluster, buf) : 1;
   return r == 1 ? write_cluster(q, cluster, in, buf, n) : r;
 }
 
@@ -678,6 +710,25 @@ static int zero_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return replace_entry(q, cluster, QCOW2_L2_ZERO, 0, keep);
 }
 
+/* A raw external data file must read like the disk itself: a range that
+ * now reads as zeroes is zeroed there too (a hole, or written zeroes). */
+static int zero_raw_data(struct qcow2dev *q, uint64_t len, uint64_t off) {
+  if (!q->g.data_file || !(q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) ||
+      len == 0)
+    return 0;
+  if (fallocate(q->data_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                (off_t)off, (off_t)len) == 0)
+    return 0;
+  uint8_t *z = calloc(1, 1u << 20);
+  int r = z ? 0 : -ENOMEM;
+  for (uint64_t done = 0; r == 0 && done < len; done += 1u << 20) {
+    uint64_t n = len - done < (1u << 20) ? len - done : (1u << 20);
+    r = io_pwrite_all(q->data_fd, z, n, off + done);
+  }
+  free(z);
+  return r;
+}
+
 int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   struct qcow2dev *q = bd->priv;
   /* Version 2 has no zero flag: zeroing means writing zeroes. */
@@ -686,6 +737,8 @@ int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
     return -ENOTSUP;
   }
   int r = for_each_cluster(q, off, len, zero_piece, NULL, flags);
+  if (r == 0)
+    r = zero_raw_data(q, len, off);
   if (r == 0 && (flags & BD_F_FUA))
     r = qcow2_flush(bd);
   return r;
@@ -708,6 +761,11 @@ static int trim_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
 int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   struct qcow2dev *q = bd->priv;
   int r = for_each_cluster(q, off, len, trim_piece, NULL, 0);
+  /* Only whole clusters were trimmed. */
+  uint64_t a = (off + q->csize - 1) & ~(q->csize - 1);
+  uint64_t b = (off + len) & ~(q->csize - 1);
+  if (r == 0 && b > a && (q->g.v3 || !q->backing))
+    r = zero_raw_data(q, b - a, a);
   if (r == 0 && (flags & BD_F_FUA))
     r = qcow2_flush(bd);
   return r;
@@ -751,9 +809,6 @@ static int repair_dirty(struct qcow2dev *q) {
 int qcow2_open_writable(struct qcow2dev *q) {
   if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
     return refuse(q, "the image is marked corrupt");
-  if (q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE)
-    return refuse(q, "writing images with an external data file is not "
-                     "supported yet");
   pthread_mutex_init(&q->meta, NULL);
   pthread_cond_init(&q->alloc_done, NULL);
   int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q)
@@ -761,15 +816,15 @@ int qcow2_open_writable(struct qcow2dev *q) {
   if (r < 0)
     return r;
   /* Autoclear features we do not maintain (bitmaps) must be cleared before
-   * the first write, as the spec asks. */
-  if (q->h.version >= 3 && q->h.autoclear) {
-    uint8_t z[8] = {0};
-    r = io_pwrite_all(q->fd, z, 8, 88);
+   * the first write, as the spec asks; a raw data file we keep raw. */
+  uint64_t keep = q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+  if (q->h.version >= 3 && q->h.autoclear != keep) {
+    r = write_be64(q, 88, keep);
     if (r == 0 && fdatasync(q->fd) < 0)
       r = -errno;
     if (r < 0)
       return r;
-    q->h.autoclear = 0;
+    q->h.autoclear = keep;
   }
   q->writable = true;
   return 0;

@@ -3,7 +3,8 @@
 # after each workload `qemu-img check` finds no corruption and no leak, and
 # `qemu-img compare` finds the image equal to a raw shadow that received
 # the same writes.  Covers cluster sizes 512 B (refcount table growth) to
-# 2 MiB, refcount widths 1 to 64 bits, version 2, extended L2, a backing file, a
+# 2 MiB, refcount widths 1 to 64 bits, version 2, extended L2, a backing file,
+# external data files (a raw one stays identical to the disk), a
 # compressed image, an internal snapshot (which must stay intact), parallel
 # fio writes with verification, and kill -9 in the middle of a write storm.
 source "$(dirname "$0")/lib.sh"
@@ -91,6 +92,29 @@ assert z["depth"] == 0 and z["zero"] and not z["data"] and z["length"] == 8192, 
 assert not top((1 << 20) + 8192), m
 P
 ok "only the touched subclusters are allocated; zero bits for zero writes"
+
+check "external data files: plain, raw (kept raw), and over a backing file"
+for variant in plain raw backing; do
+  rm -f "$T/d.qcow2" "$T/d.data"
+  # An absolute name: qemu-img looks for a relative one in its working
+  # directory, blockport beside the image.
+  case $variant in
+  plain) opts=data_file=$T/d.data ;;
+  raw) opts=data_file=$T/d.data,data_file_raw=on ;;
+  backing) opts=data_file=$T/d.data,backing_file=base.raw,backing_fmt=raw ;;
+  esac
+  (cd "$T" && qemu-img create -f qcow2 -o "$opts" d.qcow2 40M >/dev/null)
+  rm -f "$T/shadow.raw"
+  if [ $variant = backing ]; then cp "$T/base.raw" "$T/shadow.raw"; fi
+  truncate -s 40M "$T/shadow.raw"
+  workload "$T/d.qcow2" "$T/shadow.raw"
+  [ "$(wc -c <"$T/d.qcow2")" -lt $((1 << 20)) ] || fail "$variant: data went into the image file"
+  if [ $variant = raw ]; then
+    cmp "$T/d.data" "$T/shadow.raw" || fail "raw data file differs from the disk"
+    qemu-img info "$T/d.qcow2" | grep -q "data file raw: true" || fail "raw bit lost"
+  fi
+  ok "$variant"
+done
 
 check "a compressed image: writes into compressed clusters"
 qemu-img convert -c -O qcow2 "$T/base.raw" "$T/comp.qcow2"
