@@ -6,6 +6,8 @@
 #   raw       the same data as a raw file (blockport only: the 0.85x bar)
 #   empty     a freshly created 1 GiB qcow2, 4k random writes (allocation)
 #   overlay   an empty qcow2 over the raw file as backing, randrw
+#   extl2     the same overlay with extended L2 (64 KiB clusters, 2 KiB
+#             subclusters), 4k random writes: subcluster allocation
 # Each image is recreated before each server so both start from the same
 # state.  qemu-nbd runs with -t -e 16 and its default cache (writeback).
 #
@@ -28,13 +30,16 @@ make_image() { # workload -> path of a fresh image
     empty) rm -f "$W/img.qcow2"; qemu-img create -f qcow2 "$W/img.qcow2" 1G >/dev/null ;;
     overlay) rm -f "$W/img.qcow2"
       qemu-img create -f qcow2 -b "$W/base.raw" -F raw "$W/img.qcow2" 1G >/dev/null ;;
+    extl2) rm -f "$W/img.qcow2"
+      qemu-img create -f qcow2 -o extended_l2=on -b "$W/base.raw" -F raw \
+        "$W/img.qcow2" 1G >/dev/null ;;
   esac
   echo "$W/img.qcow2"
 }
 
 jobfile() {
   local rw=randrw
-  [ "$1" = empty ] && rw=randwrite
+  [ "$1" = empty ] || [ "$1" = extl2 ] && rw=randwrite
   cat >"$W/job.fio" <<J
 [global]
 ioengine=nbd
@@ -67,7 +72,7 @@ measure() { # name workload cmd...
 }
 
 echo "blockport: $BP; $(nproc) CPUs; $RT s per run"
-for w in alloc empty overlay; do
+for w in alloc empty overlay extl2; do
   img=$(make_image $w); measure blockport $w "$BP" serve --unix "$SOCK" "$img"
   img=$(make_image $w); measure qemu-nbd $w qemu-nbd -k "$SOCK" -f qcow2 -t -e 16 "$img"
 done
@@ -79,3 +84,4 @@ echo "alloc:   blockport / qemu-nbd = $(ratio "${IOPS[blockport,alloc]}" "${IOPS
 echo "alloc:   blockport qcow2 / blockport raw = $(ratio "${IOPS[blockport,alloc]}" "${IOPS[blockport,raw]}") (target 0.85)"
 echo "empty:   blockport / qemu-nbd = $(ratio "${IOPS[blockport,empty]}" "${IOPS[qemu-nbd,empty]}") (target 2)"
 echo "overlay: blockport / qemu-nbd = $(ratio "${IOPS[blockport,overlay]}" "${IOPS[qemu-nbd,overlay]}")"
+echo "extl2:   blockport / qemu-nbd = $(ratio "${IOPS[blockport,extl2]}" "${IOPS[qemu-nbd,extl2]}")"

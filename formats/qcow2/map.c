@@ -91,3 +91,17 @@ int qcow2_decode_l2(const struct qcow2_geom *g, uint64_t entry, uint64_t bitmap,
   }
   return 0;
 }
+
+uint64_t qcow2_sc_mask(unsigned cluster_bits, uint32_t in, uint64_t n) {
+  unsigned bits = cluster_bits - 5;
+  unsigned first = in >> bits, last = (unsigned)((in + n - 1) >> bits);
+  return ((2ull << last) - 1) & ~((1ull << first) - 1);
+}
+
+uint64_t qcow2_sc_allocate(uint64_t bitmap, uint64_t mask) {
+  return (bitmap | mask) & ~(mask << 32);
+}
+
+uint64_t qcow2_sc_zero(uint64_t bitmap, uint64_t mask) {
+  return (bitmap & ~mask) | (mask << 32);
+}

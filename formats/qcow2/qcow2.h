@@ -109,4 +109,11 @@ struct qcow2_run {
 int qcow2_decode_l2(const struct qcow2_geom *g, uint64_t entry, uint64_t bitmap,
                     uint32_t in, uint32_t max, struct qcow2_run *run);
 
+/* Extended L2 subcluster bitmaps: allocation bits 0-31, zero bits 32-63.
+ * The mask (in bits 0-31) of the subclusters [in, in+n) touches, n > 0. */
+uint64_t qcow2_sc_mask(unsigned cluster_bits, uint32_t in, uint64_t n);
+/* The bitmap after the subclusters of MASK get data, or read as zeroes. */
+uint64_t qcow2_sc_allocate(uint64_t bitmap, uint64_t mask);
+uint64_t qcow2_sc_zero(uint64_t bitmap, uint64_t mask);
+
 #endif

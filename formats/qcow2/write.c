@@ -248,9 +248,7 @@ static int writable_l2(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off) {
 
 /* Subclusters [in, in+n) of a cluster, as a mask of bits 0-31. */
 static uint64_t sc_mask(const struct qcow2dev *q, uint32_t in, uint64_t n) {
-  unsigned bits = q->h.cluster_bits - 5;
-  unsigned first = in >> bits, last = (unsigned)((in + n - 1) >> bits);
-  return ((2ull << last) - 1) & ~((1ull << first) - 1);
+  return qcow2_sc_mask(q->h.cluster_bits, in, n);
 }
 
 /* Whether ENTRY points at a host cluster: in an external data file host
@@ -447,7 +445,7 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   bool published = false;
   if (r == 0)
     published = (r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED,
-                            (bitmap | mask) & ~(mask << 32))) == 0;
+                            qcow2_sc_allocate(bitmap, mask))) == 0;
   if (r == 0)
     r = maybe_sync(q);
   else if (fresh && host && !published)
@@ -667,7 +665,7 @@ static int set_zero_bits(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   wait_cluster(q, cluster);
   uint64_t l2off, entry, bitmap;
   int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
-  uint64_t mask = sc_mask(q, in, n), nb = (bitmap & ~mask) | (mask << 32);
+  uint64_t mask = sc_mask(q, in, n), nb = qcow2_sc_zero(bitmap, mask);
   if (r == 0 && (entry & QCOW2_L2_COMPRESSED)) {
     r = allocate_write(q, cluster, in, NULL, n, entry, bitmap);
   } else if (r == 0 && nb != bitmap) {

@@ -1248,3 +1248,28 @@ Test(l2cache, concurrent_failed_load) {
   pthread_barrier_destroy(&start);
   l2cache_free(c);
 }
+
+/* 64 KiB clusters: 2 KiB subclusters. */
+Test(subcluster_bits, mask_of_a_range) {
+  cr_assert_eq(qcow2_sc_mask(16, 0, 1), 0x1);
+  cr_assert_eq(qcow2_sc_mask(16, 2047, 2), 0x3);    /* straddles 0 and 1 */
+  cr_assert_eq(qcow2_sc_mask(16, 5000, 3000), 0xc); /* [4096, 8192) */
+  cr_assert_eq(qcow2_sc_mask(16, 0, 65536), 0xffffffffull);
+  cr_assert_eq(qcow2_sc_mask(16, 63488, 2048), 0x80000000ull);
+  cr_assert_eq(qcow2_sc_mask(21, 65536, 65536), 0x2); /* 64 KiB subclusters */
+}
+
+Test(subcluster_bits, allocate_clears_zero_bits) {
+  uint64_t zero_all = 0xffffffff00000000ull;
+  cr_assert_eq(qcow2_sc_allocate(zero_all, 0xc), 0xfffffff30000000cull);
+  cr_assert_eq(qcow2_sc_allocate(0x1, 0x6), 0x7);
+  cr_assert_eq(qcow2_sc_allocate(0, 0xffffffffull), 0xffffffffull);
+}
+
+Test(subcluster_bits, zero_clears_allocation_bits) {
+  cr_assert_eq(qcow2_sc_zero(0xffffffffull, 0xf0), 0x000000f0ffffff0full);
+  cr_assert_eq(qcow2_sc_zero(0, 0x1), 0x100000000ull);
+  /* Never both bits of one subcluster: that would be corrupt. */
+  uint64_t b = qcow2_sc_zero(qcow2_sc_allocate(0, 0xff), 0x0f);
+  cr_assert_eq((b & 0xffffffffull) & (b >> 32), 0);
+}
