@@ -53,7 +53,7 @@ struct qcow2dev {
 };
 
 struct pending {
-  uint64_t a, b;       /* L2: file offset of the entry, value | free: range */
+  uint64_t a, b;       /* L2: file offset of the slice | free: range */
   struct l2slice *pin; /* L2: the cached slice holding the entry */
 };
 

@@ -62,7 +62,7 @@ static void grow_file(struct qcow2dev *q) {
  * reach the file at the next sync point, together with the refcount
  * decreases they allow.  A sync point orders everything for power loss:
  *   1. fdatasync: data, refcount increases and new L2 tables are durable;
- *   2. write the L1 and L2 entries, fdatasync;
+ *   2. write the L1 entries and each dirty L2 slice whole, fdatasync;
  *   3. drop the refcounts of clusters no longer referenced.
  * It runs on FLUSH (and FUA), at close, and when too much is pending (2048
  * pinned slices, or 262144 updates).  A
@@ -97,28 +97,42 @@ static int set_l1(struct qcow2dev *q, uint64_t l1i, uint64_t value) {
 }
 
 /* The entry (and, with extended L2, its subcluster bitmap) is set in a
- * cached slice that stays pinned until written. */
+ * cached slice that stays pinned until the sync point writes it whole:
+ * one pending record per slice, however many of its entries change. */
 static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
                   uint64_t value, uint64_t bitmap) {
   uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
   size_t idx;
-  uint64_t key = qcow2_slice_key(q, l2off, l2i, &idx);
-  struct pending p = {.a = l2off + l2i * (q->g.extended_l2 ? 16 : 8)};
+  struct pending p = {.a = qcow2_slice_key(q, l2off, l2i, &idx)};
   int err = 0;
   uint64_t *e =
-      (uint64_t *)l2cache_get(q->cache, key, qcow2_load_slice, q, &p.pin, &err);
+      (uint64_t *)l2cache_get(q->cache, p.a, qcow2_load_slice, q, &p.pin, &err);
   if (!e)
     return err;
   if (q->g.extended_l2)
     __atomic_store_n(&e[idx + 1], bitmap, __ATOMIC_RELEASE);
   __atomic_store_n(&e[idx], value, __ATOMIC_RELEASE);
-  p.b = idx;
-  err = push(&q->pend_l2, &q->npend_l2, &q->cap_pend_l2, sizeof p, &p);
-  if (err < 0)
-    l2cache_put(q->cache, p.pin);
-  else if (l2cache_mark_dirty(q->cache, p.pin, 1))
-    q->pend_slices++;
+  if (l2cache_mark_dirty(q->cache, p.pin, 1)) {
+    err = push(&q->pend_l2, &q->npend_l2, &q->cap_pend_l2, sizeof p, &p);
+    if (err == 0) {
+      q->pend_slices++;
+      return 0;
+    }
+  }
+  /* Already pending (or out of memory): drop this pin and mark. */
+  l2cache_mark_dirty(q->cache, p.pin, -1);
+  l2cache_put(q->cache, p.pin);
   return err;
+}
+
+/* Write the cached slice PIN at file offset KEY. */
+static int write_slice(struct qcow2dev *q, uint64_t key,
+                       const struct l2slice *pin, uint8_t *buf) {
+  size_t bytes = q->csize < 4096 ? q->csize : 4096; /* as qcow2_slice_key */
+  const uint64_t *e = qcow2_slice_entries(pin);
+  for (size_t i = 0; i < bytes / 8; i++)
+    put_be64(buf + i * 8, __atomic_load_n(&e[i], __ATOMIC_ACQUIRE));
+  return io_pwrite_all(q->fd, buf, bytes, key);
 }
 
 static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
@@ -145,14 +159,11 @@ static int sync_metadata(struct qcow2dev *q) {
     uint64_t l1i = q->pend_l1[i];
     r = write_be64(q, q->h.l1_offset + l1i * 8, q->l1[l1i]);
   }
+  uint8_t buf[4096];
   for (size_t i = 0; i < q->npend_l2; i++) {
     struct pending *p = &q->pend_l2[i];
-    const uint64_t *e = qcow2_slice_entries(p->pin);
     if (r == 0)
-      r = write_be64(q, p->a, __atomic_load_n(&e[p->b], __ATOMIC_ACQUIRE));
-    if (r == 0 && q->g.extended_l2)
-      r = write_be64(q, p->a + 8,
-                     __atomic_load_n(&e[p->b + 1], __ATOMIC_ACQUIRE));
+      r = write_slice(q, p->a, p->pin, buf);
     l2cache_mark_dirty(q->cache, p->pin, -1);
     l2cache_put(q->cache, p->pin);
   }
