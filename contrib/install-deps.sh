@@ -11,6 +11,9 @@ PACKAGES=(
   nbdkit nbdkit-plugin-dev
   zlib1g-dev libzstd-dev libgnutls28-dev
   qemu-utils fio util-linux python3       # peers and test tools
+  fdisk                                   # sfdisk: partitioned disks for the mount tests
+  qemu-system-common                      # qemu-storage-daemon: FUSE export, for contrib/bench/mount-bench.sh
+  e2fsprogs                               # mkfs.ext4 on mounted partition files
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -9,5 +9,6 @@ int info_main(int argc, char **argv);
 int check_main(int argc, char **argv);
 int map_main(int argc, char **argv);
 int convert_main(int argc, char **argv);
+int mount_main(int argc, char **argv);
 
 #endif

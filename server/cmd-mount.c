@@ -1,0 +1,469 @@
+/* blockport mount: a disk image or NBD export as a file (or a directory of
+ * the disk and its partitions) through FUSE.  The command line, the daemon
+ * that returns once the mount is live, signals, and the order of shutdown;
+ * the file system itself is frontend/fuse.c. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../core/blockdev.h"
+#include "../core/log.h"
+#include "../core/pool.h"
+#include "../formats/formats.h"
+#include "../frontend/fuse-mount.h"
+#include "commands.h"
+
+static const char mount_usage[] =
+    "Usage: blockport mount [OPTIONS] SOURCE MOUNTPOINT\n"
+    "Make a disk image or an NBD export an ordinary file, through FUSE.\n"
+    "\n"
+    "SOURCE is an image file (raw or qcow2, probed), an NBD URI (nbd://,\n"
+    "nbd+unix://), null:SIZE or memory:SIZE.  MOUNTPOINT is a directory,\n"
+    "which then holds the disk as NAME and each partition of an MBR or GPT\n"
+    "as NAME-p1, NAME-p2, ...; or a regular file, which becomes the disk.\n"
+    "\n"
+    "  -r, --readonly          refuse writes\n"
+    "  -f, --format FMT        image format instead of probing: raw, qcow2\n"
+    "  -n, --name NAME         the disk file's name (default: the image's\n"
+    "                          name without its extension, or the export's\n"
+    "                          name, or \"disk\")\n"
+    "      --no-partitions     do not expose partition files\n"
+    "      --cache MODE        none: every read and write goes to the source\n"
+    "                          (default); page: the kernel page cache keeps\n"
+    "                          what was read (the disk file and partition\n"
+    "                          files are then cached apart, as block devices)\n"
+    "  -t, --threads N         FUSE threads at most (default 4)\n"
+    "  -w, --workers N         worker threads for image files (default 16)\n"
+    "  -C, --connections N     NBD connections (default 4 when the server\n"
+    "                          advertises multi-conn, otherwise 1)\n"
+    "      --timeout SECONDS   NBD: fail requests with EIO after this long\n"
+    "                          without the server (default 30; 0 waits)\n"
+    "      --l2-cache-size SIZE  qcow2 L2 cache (default 32M)\n"
+    "      --allow-other       let other users open the files (as root, or\n"
+    "                          with user_allow_other in /etc/fuse.conf)\n"
+    "      --foreground        stay in the foreground, logging to stderr\n"
+    "                          (default: return once the mount is live)\n"
+    "  -P, --pid-file FILE     write the pid once the mount is live\n"
+    "      --log-file FILE     where a daemon logs (default: nowhere)\n"
+    "  -v, --verbose           log more\n"
+    "  -h, --help              show this help\n"
+    "\n"
+    "Unmount with fusermount3 -u MOUNTPOINT, or SIGTERM/SIGINT: both flush\n"
+    "first.\n";
+
+struct mount_opts {
+  const char *source, *mountpoint, *format, *name, *pid_file, *log_file;
+  bool readonly, foreground, allow_other, no_partitions, direct_io;
+  unsigned threads, workers;
+};
+
+/* Shared with the signal thread and the live callback. */
+struct mount_state {
+  const struct mount_opts *o;
+  char *pid_path; /* absolute: the daemon leaves its directory */
+  int notify_fd;  /* the daemon's pipe to its parent, or -1 */
+  pthread_mutex_t lock;
+  struct fm *fm;
+  bool mounting, stop;
+};
+
+static int parse_uint(const char *s, unsigned min, unsigned max,
+                      unsigned *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || !*s || v < min || v > max)
+    return -1;
+  *out = (unsigned)v;
+  return 0;
+}
+
+/* ---- the disk file's name ---- */
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+/* The export name of an NBD URI: its path, percent-decoded, without the
+ * leading '/'; slashes become '_'. */
+static char *export_name(const char *uri) {
+  const char *p = strstr(uri, "://");
+  p = p ? strchr(p + 3, '/') : NULL;
+  if (!p)
+    return strdup("");
+  p++;
+  size_t n = strcspn(p, "?#");
+  char *out = malloc(n + 1), *q = out;
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < n; i++) {
+    int hi, lo;
+    if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
+        (lo = hexval(p[i + 2])) >= 0) {
+      *q++ = (char)(hi * 16 + lo);
+      i += 2;
+    } else {
+      *q++ = p[i];
+    }
+  }
+  *q = 0;
+  for (q = out; *q; q++)
+    if (*q == '/')
+      *q = '_';
+  return out;
+}
+
+/* The image's base name without its extension ("vm.qcow2" -> "vm"). */
+static char *image_name(const char *path) {
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  char *out = strdup(base);
+  if (!out)
+    return NULL;
+  char *dot = strrchr(out, '.');
+  if (dot && dot != out)
+    *dot = 0;
+  return out;
+}
+
+static char *default_name(const char *source) {
+  char *name;
+  if (nbd_is_uri(source))
+    name = export_name(source);
+  else if (!strncmp(source, "null:", 5) || !strncmp(source, "memory:", 7))
+    name = strdup("");
+  else
+    name = image_name(source);
+  if (name && (!*name || !strcmp(name, ".") || !strcmp(name, ".."))) {
+    free(name);
+    name = strdup("disk");
+  }
+  return name;
+}
+
+/* ---- daemon, pid file, signals ---- */
+
+static char *absolute(const char *path) {
+  if (path[0] == '/')
+    return strdup(path);
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd))
+    return NULL;
+  char *out;
+  return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
+}
+
+static int write_pid_file(const char *path) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+      rename(tmp, path) < 0) {
+    log_error("pid file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* Fork.  The parent waits for the child to say the mount is live (one
+ * byte on the pipe) and exits 0, or exits with the child's status when it
+ * failed first.  Returns, in the child, the pipe's write end. */
+static int daemonize(void) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) {
+    log_error("pipe: %s", strerror(errno));
+    exit(1);
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    log_error("fork: %s", strerror(errno));
+    exit(1);
+  }
+  if (pid == 0) {
+    close(p[0]);
+    setsid(); /* no terminal signals from the parent's session */
+    return p[1];
+  }
+  close(p[1]);
+  char c;
+  ssize_t n;
+  while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
+    ;
+  if (n == 1)
+    exit(0);
+  int status;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+    ;
+  exit(WIFEXITED(status) && WEXITSTATUS(status) ? WEXITSTATUS(status) : 1);
+}
+
+/* Point stdin and stdout at /dev/null and stderr at the log file (or
+ * /dev/null), so that whoever started us sees their pipes close. */
+static void detach_stdio(const char *log_file) {
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  int log =
+      log_file ? open(log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)
+               : -1;
+  if (log_file && log < 0)
+    log_warn("log file %s: %s", log_file, strerror(errno));
+  if (null >= 0) {
+    dup2(null, 0);
+    dup2(null, 1);
+  }
+  dup2(log >= 0 ? log : null, 2);
+  if (null > 2)
+    close(null);
+  if (log > 2)
+    close(log);
+}
+
+/* The kernel has initialised the mount (a FUSE thread calls this). */
+static void on_live(void *opaque) {
+  struct mount_state *s = opaque;
+  if (s->pid_path)
+    write_pid_file(s->pid_path);
+  if (s->notify_fd >= 0)
+    detach_stdio(s->o->log_file);
+  log_info("mounted %s on %s", s->o->source, s->o->mountpoint);
+  if (s->notify_fd >= 0) {
+    if (chdir("/") < 0)
+      log_warn("chdir /: %s", strerror(errno));
+    ssize_t r = write(s->notify_fd, "0", 1);
+    (void)r; /* a parent that is gone does not care */
+    close(s->notify_fd);
+    s->notify_fd = -1;
+  }
+}
+
+static void block_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+/* SIGINT, SIGTERM, SIGHUP: before the mount exists, just exit; while it
+ * is being made, note it; once it runs, stop it (the main thread then
+ * flushes and unmounts). */
+static void *signal_thread(void *arg) {
+  struct mount_state *s = arg;
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  for (;;) {
+    int sig;
+    if (sigwait(&set, &sig) != 0)
+      continue;
+    pthread_mutex_lock(&s->lock);
+    bool first = !s->stop;
+    s->stop = true;
+    struct fm *fm = s->fm;
+    bool mounting = s->mounting;
+    pthread_mutex_unlock(&s->lock);
+    if (!first)
+      continue;
+    log_info("signal %d: unmounting", sig);
+    if (fm)
+      fm_stop(fm);
+    else if (!mounting)
+      _exit(1); /* nothing mounted, nothing to flush */
+  }
+  return NULL;
+}
+
+/* ---- the mount ---- */
+
+static int run_mount(struct mount_state *s, struct bd *bd) {
+  const struct mount_opts *o = s->o;
+  char *name = o->name ? strdup(o->name) : default_name(o->source);
+  if (!name)
+    return 1;
+  struct fm_config cfg = {.mountpoint = o->mountpoint,
+                          .name = name,
+                          .allow_other = o->allow_other,
+                          .direct_io = o->direct_io,
+                          .partitions = !o->no_partitions,
+                          .threads = o->threads,
+                          .live = on_live,
+                          .opaque = s};
+  pthread_mutex_lock(&s->lock);
+  s->mounting = true;
+  pthread_mutex_unlock(&s->lock);
+  struct fm *fm = fm_create(bd, &cfg);
+  free(name);
+  pthread_mutex_lock(&s->lock);
+  s->fm = fm;
+  bool stop = s->stop;
+  pthread_mutex_unlock(&s->lock);
+  if (!fm)
+    return 1;
+  if (stop)
+    fm_stop(fm);
+  int ret = fm_run(fm) < 0 ? 1 : 0;
+  pthread_mutex_lock(&s->lock);
+  s->fm = NULL;
+  pthread_mutex_unlock(&s->lock);
+  int r = fm_destroy(fm);
+  if (r == -2)
+    return -2;
+  return r < 0 ? 1 : ret;
+}
+
+static int mount_run(const struct mount_opts *o) {
+  struct mount_state s = {.o = o, .notify_fd = -1};
+  pthread_mutex_init(&s.lock, NULL);
+  if (o->pid_file && !(s.pid_path = absolute(o->pid_file))) {
+    log_error("pid file %s: %s", o->pid_file, strerror(errno));
+    return 1;
+  }
+  if (!o->foreground)
+    s.notify_fd = daemonize();
+  /* Signals go to one thread; every thread made from here inherits the
+   * mask. */
+  sigset_t set;
+  block_signals(&set);
+  pthread_t st;
+  if (pthread_create(&st, NULL, signal_thread, &s) != 0) {
+    log_error("cannot start the signal thread");
+    return 1;
+  }
+  int ret = 1;
+  struct bd *bd = NULL;
+  if (bd_pool_start(o->workers) < 0) {
+    log_error("cannot start the worker pool");
+    goto out;
+  }
+  bd = bd_open(o->source, o->format, o->readonly);
+  if (!bd) {
+    log_error("%s", bd_errmsg());
+    goto out;
+  }
+  ret = run_mount(&s, bd);
+  if (ret == -2) {
+    /* Requests still out: closing the device would pull it from under
+     * them.  The mount is gone; leave now. */
+    if (s.pid_path)
+      unlink(s.pid_path);
+    _exit(1);
+  }
+out:
+  pthread_cancel(st);
+  pthread_join(st, NULL);
+  if (bd && bd_close(bd) < 0)
+    ret = 1;
+  bd_pool_stop();
+  if (s.pid_path)
+    unlink(s.pid_path);
+  free(s.pid_path);
+  pthread_mutex_destroy(&s.lock);
+  return ret;
+}
+
+static int parse_opts(int argc, char **argv, struct mount_opts *o) {
+  enum {
+    OPT_TIMEOUT = 256,
+    OPT_CACHE,
+    OPT_ALLOW_OTHER,
+    OPT_FOREGROUND,
+    OPT_LOG_FILE,
+    OPT_NO_PARTITIONS,
+    OPT_L2_CACHE,
+  };
+  static const struct option longopts[] = {
+      {"readonly", no_argument, NULL, 'r'},
+      {"format", required_argument, NULL, 'f'},
+      {"name", required_argument, NULL, 'n'},
+      {"no-partitions", no_argument, NULL, OPT_NO_PARTITIONS},
+      {"cache", required_argument, NULL, OPT_CACHE},
+      {"threads", required_argument, NULL, 't'},
+      {"workers", required_argument, NULL, 'w'},
+      {"connections", required_argument, NULL, 'C'},
+      {"timeout", required_argument, NULL, OPT_TIMEOUT},
+      {"l2-cache-size", required_argument, NULL, OPT_L2_CACHE},
+      {"allow-other", no_argument, NULL, OPT_ALLOW_OTHER},
+      {"foreground", no_argument, NULL, OPT_FOREGROUND},
+      {"pid-file", required_argument, NULL, 'P'},
+      {"log-file", required_argument, NULL, OPT_LOG_FILE},
+      {"verbose", no_argument, NULL, 'v'},
+      {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "rf:n:t:w:C:P:vh", longopts, NULL)) !=
+         -1) {
+    switch (ch) {
+    case 'r': o->readonly = true; break;
+    case 'f': o->format = optarg; break;
+    case 'n': o->name = optarg; break;
+    case OPT_NO_PARTITIONS: o->no_partitions = true; break;
+    case OPT_CACHE:
+      if (strcmp(optarg, "none") != 0 && strcmp(optarg, "page") != 0)
+        goto bad;
+      o->direct_io = strcmp(optarg, "none") == 0;
+      break;
+    case 't':
+      if (parse_uint(optarg, 1, 1024, &o->threads) < 0)
+        goto bad;
+      break;
+    case 'w':
+      if (parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
+        goto bad;
+      break;
+    case 'C':
+      if (parse_uint(optarg, 1, 64, &nbd_source_connections) < 0)
+        goto bad;
+      break;
+    case OPT_TIMEOUT:
+      if (parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
+        goto bad;
+      break;
+    case OPT_L2_CACHE:
+      if (bd_parse_size(optarg, &qcow2_l2_cache_bytes) < 0 ||
+          qcow2_l2_cache_bytes < 65536)
+        goto bad;
+      break;
+    case OPT_ALLOW_OTHER: o->allow_other = true; break;
+    case OPT_FOREGROUND: o->foreground = true; break;
+    case 'P': o->pid_file = optarg; break;
+    case OPT_LOG_FILE: o->log_file = optarg; break;
+    case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
+    case 'h': fputs(mount_usage, stdout); exit(0);
+    default: fputs(mount_usage, stderr); return -1;
+    }
+  }
+  if (argc - optind != 2) {
+    fprintf(stderr, "blockport mount: expected SOURCE and MOUNTPOINT\n%s",
+            mount_usage);
+    return -1;
+  }
+  o->source = argv[optind];
+  o->mountpoint = argv[optind + 1];
+  return 0;
+bad:
+  fprintf(stderr, "blockport mount: invalid value for option: %s\n", optarg);
+  return -1;
+}
+
+int mount_main(int argc, char **argv) {
+  struct mount_opts o = {.threads = 4, .direct_io = true};
+  if (parse_opts(argc, argv, &o) < 0)
+    return 2;
+  return mount_run(&o);
+}
