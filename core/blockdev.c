@@ -2,10 +2,12 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../formats/formats.h"
 #include "pool.h"
@@ -131,6 +133,8 @@ struct bd *bd_new(const struct bd_ops *ops, const char *format,
   bd->conc = BD_CONC_PARALLEL;
   bd->caps = bd_caps_full();
   pthread_mutex_init(&bd->serial_lock, NULL);
+  pthread_mutex_init(&bd->conn_lock, NULL);
+  pthread_cond_init(&bd->conn_cond, NULL);
   return bd;
 }
 
@@ -173,6 +177,8 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
     bd = memory_open(spec + 7);
   else if (nbd_is_uri(spec))
     bd = nbd_source_open(spec, readonly);
+  else if (plugin_is_spec(spec))
+    bd = plugin_source_open(spec, readonly);
   else {
     const char *fmt = format ? format : bd_probe_format(spec);
     if (!strcmp(fmt, "raw"))
@@ -189,18 +195,199 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
   return bd;
 }
 
+static _Thread_local struct bd_conn *cur_conn;
+
+void *bd_conn_current(void) {
+  return cur_conn ? cur_conn->priv : NULL;
+}
+
+/* The final flush: through the default connection of a source with
+ * connections, if one was opened (each other connection was the front
+ * end's to flush). */
+static int final_flush(struct bd *bd) {
+  if (bd->caps.readonly || !bd->caps.can_flush || !bd->ops->flush)
+    return 0;
+  if (bd->ops->conn_open && !bd->default_conn)
+    return 0;
+  struct bd_conn *saved = cur_conn;
+  cur_conn = bd->default_conn;
+  int r = bd->ops->flush(bd);
+  cur_conn = saved;
+  return r;
+}
+
 int bd_close(struct bd *bd) {
   if (!bd)
     return 0;
-  int r = 0;
-  if (!bd->caps.readonly && bd->caps.can_flush && bd->ops->flush)
-    r = bd->ops->flush(bd);
+  int r = final_flush(bd);
+  bd_conn_close(bd, bd->default_conn);
   if (bd->ops->close)
     bd->ops->close(bd);
+  pthread_cond_destroy(&bd->conn_cond);
+  pthread_mutex_destroy(&bd->conn_lock);
   pthread_mutex_destroy(&bd->serial_lock);
   free(bd->format);
   free(bd->description);
   free(bd);
+  return r;
+}
+
+/* ---- connections ---- */
+
+static bool peer_gone(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+  return fd >= 0 && poll(&p, 1, 0) > 0 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* BD_CONC_SERIALIZE_CONNS: wait until no other connection is open.  The
+ * wait ends early when the client hangs up (or the server shuts its
+ * socket down). Called with conn_lock held. */
+static int wait_conn_slot(struct bd *bd, int peer_fd) {
+  while (bd->nconns > 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&bd->conn_cond, &bd->conn_lock, &ts);
+    if (bd->nconns > 0 && peer_gone(peer_fd)) {
+      bd_set_error("the client left while waiting for the connection "
+                   "before it to close");
+      return -ECONNRESET;
+    }
+  }
+  return 0;
+}
+
+static void *source_conn_open(struct bd *bd, const struct bd_conn_params *p) {
+  bool serial = bd->conc >= BD_CONC_SERIALIZE;
+  if (serial)
+    pthread_mutex_lock(&bd->serial_lock);
+  void *priv = bd->ops->conn_open(bd, p);
+  if (serial)
+    pthread_mutex_unlock(&bd->serial_lock);
+  return priv;
+}
+
+struct bd_conn *bd_conn_open_peer(struct bd *bd, const char *export_name,
+                                  bool readonly, int peer_fd) {
+  struct bd_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    bd_set_error("out of memory");
+    return NULL;
+  }
+  c->bd = bd;
+  pthread_mutex_init(&c->lock, NULL);
+  if (!bd->ops->conn_open)
+    return c;
+  struct bd_conn_params p = {export_name ? export_name : "", readonly, peer_fd};
+  pthread_mutex_lock(&bd->conn_lock);
+  int r = bd->conc == BD_CONC_SERIALIZE_CONNS ? wait_conn_slot(bd, peer_fd) : 0;
+  if (r == 0)
+    bd->nconns++; /* holds the slot while the source opens */
+  pthread_mutex_unlock(&bd->conn_lock);
+  if (r == 0 && !(c->priv = source_conn_open(bd, &p))) {
+    pthread_mutex_lock(&bd->conn_lock);
+    bd->nconns--;
+    pthread_cond_broadcast(&bd->conn_cond);
+    pthread_mutex_unlock(&bd->conn_lock);
+    r = -1;
+  }
+  if (r < 0) {
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+struct bd_conn *bd_conn_open(struct bd *bd, const char *export_name,
+                             bool readonly) {
+  return bd_conn_open_peer(bd, export_name, readonly, -1);
+}
+
+void bd_conn_close(struct bd *bd, struct bd_conn *c) {
+  if (!c)
+    return;
+  if (bd->ops->conn_open) {
+    bool serial = bd->conc >= BD_CONC_SERIALIZE;
+    if (serial)
+      pthread_mutex_lock(&bd->serial_lock);
+    if (bd->ops->conn_close)
+      bd->ops->conn_close(bd, c->priv);
+    if (serial)
+      pthread_mutex_unlock(&bd->serial_lock);
+    pthread_mutex_lock(&bd->conn_lock);
+    bd->nconns--;
+    pthread_cond_broadcast(&bd->conn_cond);
+    pthread_mutex_unlock(&bd->conn_lock);
+  }
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+/* The connection of a request with conn == NULL, opened on first use. */
+static struct bd_conn *default_conn(struct bd *bd) {
+  pthread_mutex_lock(&bd->conn_lock);
+  struct bd_conn *c = bd->default_conn;
+  pthread_mutex_unlock(&bd->conn_lock);
+  if (c)
+    return c;
+  c = bd_conn_open(bd, "", bd->caps.readonly);
+  if (!c)
+    return NULL;
+  pthread_mutex_lock(&bd->conn_lock);
+  if (bd->default_conn) { /* another thread won the race */
+    pthread_mutex_unlock(&bd->conn_lock);
+    bd_conn_close(bd, c);
+    pthread_mutex_lock(&bd->conn_lock);
+  } else {
+    bd->default_conn = c;
+  }
+  c = bd->default_conn;
+  pthread_mutex_unlock(&bd->conn_lock);
+  return c;
+}
+
+int bd_export_list_add(struct bd_export_list *l, const char *name,
+                       const char *description) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 8;
+    struct bd_export *v = realloc(l->v, cap * sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    l->v = v;
+    l->cap = cap;
+  }
+  char *n = strdup(name), *d = description ? strdup(description) : NULL;
+  if (!n || (description && !d)) {
+    free(n);
+    free(d);
+    return -ENOMEM;
+  }
+  l->v[l->n++] = (struct bd_export){n, d};
+  return 0;
+}
+
+void bd_export_list_free(struct bd_export_list *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->v[i].name);
+    free(l->v[i].description);
+  }
+  free(l->v);
+  *l = (struct bd_export_list){0};
+}
+
+int bd_list_exports(struct bd *bd, bool readonly, struct bd_export_list *l) {
+  *l = (struct bd_export_list){0};
+  if (!bd->ops->list_exports)
+    return -ENOTSUP;
+  int r = bd->ops->list_exports(bd, readonly, l);
+  if (r < 0)
+    bd_export_list_free(l);
   return r;
 }
 
@@ -293,23 +480,42 @@ static int dispatch(struct bd *bd, struct bd_req *req) {
   return -EINVAL;
 }
 
-/* Run one request in the calling thread: validation, serialisation, the
- * operation, then FUA emulated by a flush where the source asks. */
+/* The lock that serialises a request as the source's concurrency asks,
+ * or NULL. */
+static pthread_mutex_t *serial_lock(struct bd *bd, struct bd_conn *c) {
+  switch (bd->conc) {
+  case BD_CONC_PARALLEL: return NULL;
+  case BD_CONC_SERIALIZE_CONN: return c ? &c->lock : &bd->serial_lock;
+  case BD_CONC_SERIALIZE:
+  case BD_CONC_SERIALIZE_CONNS: return &bd->serial_lock;
+  }
+  return &bd->serial_lock;
+}
+
+/* Run one request in the calling thread: validation, the connection,
+ * serialisation, the operation, then FUA emulated by a flush where the
+ * source asks. */
 int bd_execute(struct bd *bd, struct bd_req *req) {
   int r = check_request(bd, req);
   if (r < 0)
     return r;
   if (req->length == 0 && req->cmd != BD_FLUSH)
     return 0;
-  bool serial = bd->conc == BD_CONC_SERIALIZE;
-  if (serial)
-    pthread_mutex_lock(&bd->serial_lock);
+  struct bd_conn *c = req->conn;
+  if (!c && bd->ops->conn_open && !(c = default_conn(bd)))
+    return -EIO;
+  pthread_mutex_t *lock = serial_lock(bd, c);
+  struct bd_conn *saved = cur_conn; /* a backing device runs nested */
+  cur_conn = c;
+  if (lock)
+    pthread_mutex_lock(lock);
   r = dispatch(bd, req);
   if (r == 0 && (req->flags & BD_F_FUA) && is_write_cmd(req->cmd) &&
       !bd->caps.native_fua && bd->ops->flush)
     r = bd->ops->flush(bd);
-  if (serial)
-    pthread_mutex_unlock(&bd->serial_lock);
+  if (lock)
+    pthread_mutex_unlock(lock);
+  cur_conn = saved;
   return r;
 }
 

@@ -92,10 +92,16 @@ struct bd_caps {
   uint32_t min_block, pref_block, max_block;
 };
 
-/* How much the core must serialise a source's operations. */
+/* How much the core must serialise a source's operations: the four thread
+ * models of nbdkit plugins, from the loosest. */
 enum bd_concurrency {
-  BD_CONC_PARALLEL,  /* any number of operations at once */
-  BD_CONC_SERIALIZE, /* one operation at a time on this device */
+  BD_CONC_PARALLEL,       /* any number of operations at once */
+  BD_CONC_SERIALIZE_CONN, /* one operation at a time per connection */
+  BD_CONC_SERIALIZE,      /* one operation (or connection open/close) at a
+                             time on this device */
+  BD_CONC_SERIALIZE_CONNS /* as SERIALIZE, and one connection open at a
+                             time: bd_conn_open() waits for the last one to
+                             close */
 };
 
 /* How a source's operations are executed. */
@@ -107,6 +113,29 @@ enum bd_exec {
 
 struct bd;
 struct bd_req;
+struct bd_export_list;
+
+/* Per-connection state.  A source with conn_open() (an nbdkit plugin opens
+ * a handle per client connection) keeps state per connection of a front
+ * end: the NBD server opens one per client connection when transmission
+ * starts, FUSE and vhost one at start.  Requests name their connection in
+ * bd_req.conn; a request with conn == NULL uses a default connection the
+ * core opens on first use (for tools like convert).  A front end uses
+ * either its own connections or the default one, not both.  What a device
+ * advertises (size, caps) is fixed when it is opened, from the source's
+ * first handle, even if a source could answer differently per connection.
+ * Sources without conn_open() ignore all this. */
+struct bd_conn_params {
+  const char *export_name; /* as the client asked for it ("" by default) */
+  bool readonly;           /* the front end forces read-only */
+  int peer_fd;             /* the client's socket, or -1 */
+};
+
+struct bd_conn {
+  struct bd *bd;
+  void *priv;           /* the source's state: conn_open()'s result */
+  pthread_mutex_t lock; /* serialises BD_CONC_SERIALIZE_CONN requests */
+};
 
 /* Operations of a source.  The synchronous ones return 0 or -errno and may
  * record a message with bd_set_error().  Unsupported operations are NULL. */
@@ -129,7 +158,26 @@ struct bd_ops {
   /* BD_EXEC_ASYNC sources only: start the request, call bd_complete(). */
   void (*submit)(struct bd *bd, struct bd_req *req);
   void (*close)(struct bd *bd);
+  /* Optional, per-connection state (see struct bd_conn).  conn_open()
+   * returns the state or NULL with bd_set_error(); operations find it with
+   * bd_conn_current(). */
+  void *(*conn_open)(struct bd *bd, const struct bd_conn_params *p);
+  void (*conn_close)(struct bd *bd, void *priv);
+  /* Optional: the export names the source offers (NBD_OPT_LIST), with
+   * descriptions (NULL for none).  Returns 0 or -errno. */
+  int (*list_exports)(struct bd *bd, bool readonly, struct bd_export_list *l);
 };
+
+/* A list of exports, from bd_list_exports(). */
+struct bd_export_list {
+  struct bd_export {
+    char *name, *description;
+  } * v;
+  size_t n, cap;
+};
+int bd_export_list_add(struct bd_export_list *l, const char *name,
+                       const char *description);
+void bd_export_list_free(struct bd_export_list *l);
 
 struct bd {
   const struct bd_ops *ops;
@@ -140,7 +188,12 @@ struct bd {
   enum bd_exec exec;
   char *format;                /* "raw", "null", ... */
   char *description;           /* human-readable, e.g. the path */
-  pthread_mutex_t serial_lock; /* used when conc == BD_CONC_SERIALIZE */
+  pthread_mutex_t serial_lock; /* BD_CONC_SERIALIZE and _CONNS */
+  /* Connections (sources with conn_open() only). */
+  pthread_mutex_t conn_lock;
+  pthread_cond_t conn_cond; /* signalled when a connection closes */
+  unsigned nconns;
+  struct bd_conn *default_conn; /* opened on first use by conn == NULL */
 };
 
 typedef void bd_done_fn(struct bd_req *req, int err);
@@ -154,8 +207,9 @@ struct bd_req {
   void *buf;                  /* READ: destination; WRITE: source */
   struct bd_extents *extents; /* BLOCK_STATUS: filled from offset on */
   bd_done_fn *done;
-  struct bd *bd;       /* set by bd_submit */
-  struct bd_req *next; /* queue link, owned by the core while in flight */
+  struct bd_conn *conn; /* from bd_conn_open(), or NULL: the default */
+  struct bd *bd;        /* set by bd_submit */
+  struct bd_req *next;  /* queue link, owned by the core while in flight */
 };
 
 /* The format of the image at PATH by its content: "qcow2" or "raw". */
@@ -174,6 +228,23 @@ struct bd *bd_new(const struct bd_ops *ops, const char *format,
 /* Every capability, 1-byte granularity, 4 KiB preferred and BD_MAX_IO
  * maximum block size: sources start from this and clear what they lack. */
 struct bd_caps bd_caps_full(void); /* bd_new() starts from it */
+
+/* Open a connection (see struct bd_conn): the source's state, or a
+ * placeholder for sources without any.  Returns NULL with bd_errmsg() set
+ * when the source refuses.  Close it once its requests have completed. */
+struct bd_conn *bd_conn_open(struct bd *bd, const char *export_name,
+                             bool readonly);
+/* The same, naming the client's socket for sources that ask about their
+ * peer (nbdkit_peer_name). */
+struct bd_conn *bd_conn_open_peer(struct bd *bd, const char *export_name,
+                                  bool readonly, int peer_fd);
+void bd_conn_close(struct bd *bd, struct bd_conn *conn);
+/* Within an operation of a source: the state of the request's connection
+ * (conn_open()'s result), NULL outside one. */
+void *bd_conn_current(void);
+/* The export names BD offers, for sources that list them.  Returns 0 with
+ * the list filled, -ENOTSUP for sources that do not, or -errno. */
+int bd_list_exports(struct bd *bd, bool readonly, struct bd_export_list *l);
 
 /* Submit a request; see the contract above. */
 void bd_submit(struct bd *bd, struct bd_req *req);

@@ -20,6 +20,19 @@ struct bd *nbd_source_open(const char *uri, bool readonly);
  * EIO; 0 waits forever. */
 extern unsigned nbd_source_connections;
 extern unsigned nbd_source_timeout;
+/* nbdkit plugins (formats/plugin.c).  A plugin's spec is built by
+ * plugin_spec() from its name or path and its key=value parameters, as
+ * `--plugin NAME key=value...` gives them: "nbdkit:" then the fields
+ * separated by PLUGIN_SPEC_SEP.  NULL when out of memory. */
+#define PLUGIN_SPEC_PREFIX "nbdkit:"
+#define PLUGIN_SPEC_SEP '\x1f'
+char *plugin_spec(const char *plugin, char *const *params, int n);
+bool plugin_is_spec(const char *spec);
+struct bd *plugin_source_open(const char *spec, bool readonly);
+/* -D NAME.FLAG=N: set the plugin's global int NAME_debug_FLAG when it
+ * loads.  ARG must outlive the load.  Returns 0 or -EINVAL (message in
+ * bd_errmsg()). */
+int plugin_add_debug_flag(const char *arg);
 struct bd *qcow2_open(const char *path, bool readonly);
 /* L2 cache of each qcow2 image opened from now on, in bytes. */
 extern uint64_t qcow2_l2_cache_bytes;

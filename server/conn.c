@@ -77,6 +77,17 @@ static bool flush_out(struct conn *c, struct hs_out *out) {
   return ok;
 }
 
+/* The device's state for this connection, opened once the client has
+ * chosen its export (an nbdkit plugin opens its handle here). */
+static bool open_device_conn(struct conn *c, int idx) {
+  struct export *e = &c->srv->exports[idx];
+  c->bconn = bd_conn_open_peer(e->bd, e->name, false, c->fd);
+  if (!c->bconn)
+    log_info("connection %u (%s): export '%s' refused: %s", c->id, c->peer,
+             e->name, bd_errmsg());
+  return c->bconn != NULL;
+}
+
 /* Returns true when the client chose an export and transmission starts. */
 static bool handshake(struct conn *c) {
   struct hs_state hs = {0};
@@ -113,6 +124,12 @@ static bool handshake(struct conn *c) {
       if (!data || !read_full(c->fd, data, len))
         goto done;
       res = hs_option(&hs, &c->srv->catalog, opt, data, len, &out);
+    }
+    if (res == HS_GO && !open_device_conn(c, hs.export_index)) {
+      if (opt != NBD_OPT_GO)
+        goto done; /* EXPORT_NAME cannot be refused but by closing */
+      hs_refuse_go(&hs, opt, bd_errmsg(), &out);
+      res = HS_CONTINUE;
     }
     log_debug("connection %u: option %u (%u bytes) -> %d", c->id, opt, len,
               (int)res);
@@ -232,6 +249,7 @@ static void submit_block_status(struct conn *c, struct nreq *n) {
   n->bdr.cmd = BD_BLOCK_STATUS;
   n->bdr.flags = (n->r.flags & NBD_CMD_FLAG_REQ_ONE) ? BD_F_REQ_ONE : 0;
   n->bdr.extents = &n->ext;
+  n->bdr.conn = c->bconn;
   bd_submit(c->exp->bd, &n->bdr);
 }
 
@@ -242,6 +260,7 @@ static void submit(struct conn *c, struct nreq *n) {
   n->bdr.buf = n->buf;
   n->bdr.flags = (f & NBD_CMD_FLAG_FUA) ? BD_F_FUA : 0;
   n->bdr.done = req_done;
+  n->bdr.conn = c->bconn;
   switch (n->r.type) {
   case NBD_CMD_READ: n->bdr.cmd = BD_READ; break;
   case NBD_CMD_WRITE: n->bdr.cmd = BD_WRITE; break;
@@ -541,6 +560,8 @@ static void *conn_main(void *arg) {
   log_debug("connection %u from %s", c->id, c->peer);
   if (handshake(c))
     transmission(c);
+  if (c->bconn)
+    bd_conn_close(c->exp->bd, c->bconn);
   log_debug("connection %u (%s) closed", c->id, c->peer);
   /* Unlink before closing, so shutdown never touches a closed fd. */
   unlink_conn(c);

@@ -49,6 +49,7 @@ struct conn {
   char peer[80];
   struct server *srv;
   struct export *exp;
+  struct bd_conn *bconn; /* the device's per-connection state */
   struct nbd_tx tx;
   bool ctx_base, ctx_depth;
   struct conn *next; /* in srv->conns */

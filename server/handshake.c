@@ -1,5 +1,6 @@
 #include "handshake.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,16 @@ static void reply_ack(struct hs_out *out, uint32_t opt) {
 static void reply_err(struct hs_out *out, uint32_t opt, uint32_t err,
                       const char *msg) {
   reply(out, opt, err, msg, msg ? strlen(msg) : 0, NULL, 0);
+}
+
+void hs_refuse_go(struct hs_state *hs, uint32_t opt, const char *msg,
+                  struct hs_out *out) {
+  out->len = 0;
+  hs->export_index = -1;
+  /* Error strings are at most NBD_MAX_STRING bytes on the wire. */
+  char text[256];
+  snprintf(text, sizeof text, "%s", msg);
+  reply_err(out, opt, NBD_REP_ERR_UNKNOWN, text);
 }
 
 void hs_greeting(struct hs_out *out) {

@@ -64,6 +64,12 @@ enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
 /* Reply to an option whose data was too large to read (it was discarded). */
 void hs_option_too_big(struct hs_state *hs, uint32_t opt, struct hs_out *out);
 
+/* After HS_GO for OPT (NBD_OPT_GO), when the export cannot be opened for
+ * this client after all: replace the output with an error reply to OPT;
+ * the client may try again. */
+void hs_refuse_go(struct hs_state *hs, uint32_t opt, const char *msg,
+                  struct hs_out *out);
+
 /* Transmission flags for export E given what was negotiated. */
 uint16_t hs_tflags(const struct hs_state *hs, const struct hs_export *e);
 

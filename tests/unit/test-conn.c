@@ -1,0 +1,225 @@
+/* Unit tests for per-connection state in the core (bd_conn_open, the four
+ * concurrency levels) and the extent rules of the nbdkit plugin host. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/blockdev.h"
+#include "core/pool.h"
+#include "formats/plugin.h"
+
+/* ---- a source that counts overlapping calls ---- */
+
+struct fconn {
+  atomic_int active;
+  int max;
+  char name[32];
+};
+
+static atomic_int active_all, max_all, max_conn, opened, closed;
+
+static void bump_max(atomic_int *m, int v) {
+  int cur = atomic_load(m);
+  while (v > cur && !atomic_compare_exchange_weak(m, &cur, v))
+    ;
+}
+
+static int f_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  (void)bd;
+  (void)off;
+  struct fconn *c = bd_conn_current();
+  cr_assert_not_null(c, "no connection state during an operation");
+  bump_max(&max_all, atomic_fetch_add(&active_all, 1) + 1);
+  int mine = atomic_fetch_add(&c->active, 1) + 1;
+  bump_max(&max_conn, mine);
+  usleep(2000);
+  memset(buf, c->name[0], len);
+  atomic_fetch_sub(&c->active, 1);
+  atomic_fetch_sub(&active_all, 1);
+  return 0;
+}
+
+static void *f_conn_open(struct bd *bd, const struct bd_conn_params *p) {
+  (void)bd;
+  struct fconn *c = calloc(1, sizeof *c);
+  snprintf(c->name, sizeof c->name, "%s",
+           *p->export_name ? p->export_name : "default");
+  atomic_fetch_add(&opened, 1);
+  return c;
+}
+
+static void f_conn_close(struct bd *bd, void *priv) {
+  (void)bd;
+  free(priv);
+  atomic_fetch_add(&closed, 1);
+}
+
+static const struct bd_ops fake_ops = {
+    .name = "fake",
+    .pread = f_pread,
+    .conn_open = f_conn_open,
+    .conn_close = f_conn_close,
+};
+
+static struct bd *fake(enum bd_concurrency conc) {
+  atomic_store(&max_all, 0);
+  atomic_store(&max_conn, 0);
+  atomic_store(&opened, 0);
+  atomic_store(&closed, 0);
+  struct bd *bd = bd_new(&fake_ops, "fake", NULL);
+  bd->size = 1 << 20;
+  bd->conc = conc;
+  bd->caps.readonly = true;
+  return bd;
+}
+
+/* 16 reads on each connection, all in flight at once through the pool. */
+static atomic_int pending;
+
+static void count_done(struct bd_req *req, int err) {
+  (void)req;
+  cr_assert_eq(err, 0);
+  atomic_fetch_sub(&pending, 1);
+}
+
+static void run_reads(struct bd *bd, struct bd_conn **conns, int nconns) {
+  static struct bd_req req[4][16];
+  static char buf[4][16][512];
+  atomic_store(&pending, nconns * 16);
+  for (int i = 0; i < 16; i++)
+    for (int c = 0; c < nconns; c++) {
+      req[c][i] = (struct bd_req){.cmd = BD_READ,
+                                  .offset = (uint64_t)i * 512,
+                                  .length = 512,
+                                  .buf = buf[c][i],
+                                  .done = count_done,
+                                  .conn = conns[c]};
+      bd_submit(bd, &req[c][i]);
+    }
+  while (atomic_load(&pending) > 0)
+    usleep(1000);
+}
+
+static void run_level(enum bd_concurrency conc, int expect_all,
+                      int expect_conn) {
+  cr_assert_eq(bd_pool_start(8), 0);
+  struct bd *bd = fake(conc);
+  struct bd_conn *c[2] = {bd_conn_open(bd, "a", true),
+                          bd_conn_open(bd, "b", true)};
+  cr_assert(c[0] && c[1]);
+  run_reads(bd, c, 2);
+  bd_conn_close(bd, c[0]);
+  bd_conn_close(bd, c[1]);
+  bd_close(bd);
+  if (expect_all > 1)
+    cr_assert_gt(atomic_load(&max_all), 1, "calls never overlapped");
+  else
+    cr_assert_eq(atomic_load(&max_all), 1, "calls overlapped");
+  if (expect_conn > 1)
+    cr_assert_gt(atomic_load(&max_conn), 1,
+                 "one connection's calls never "
+                 "overlapped");
+  else
+    cr_assert_eq(atomic_load(&max_conn), 1,
+                 "one connection's calls "
+                 "overlapped");
+  cr_assert_eq(atomic_load(&opened), 2);
+  cr_assert_eq(atomic_load(&closed), 2);
+}
+
+Test(conn, parallel) {
+  run_level(BD_CONC_PARALLEL, 2, 2);
+}
+
+Test(conn, serialize_conn) {
+  run_level(BD_CONC_SERIALIZE_CONN, 2, 1);
+}
+
+Test(conn, serialize) {
+  run_level(BD_CONC_SERIALIZE, 1, 1);
+}
+
+static void *open_second(void *arg) {
+  struct bd *bd = arg;
+  return bd_conn_open(bd, "second", true);
+}
+
+Test(conn, serialize_conns_waits_for_the_first_to_close) {
+  struct bd *bd = fake(BD_CONC_SERIALIZE_CONNS);
+  struct bd_conn *first = bd_conn_open(bd, "first", true);
+  cr_assert_not_null(first);
+  pthread_t t;
+  pthread_create(&t, NULL, open_second, bd);
+  usleep(100 * 1000);
+  cr_assert_eq(atomic_load(&opened), 1, "the second opened too early");
+  bd_conn_close(bd, first);
+  void *second;
+  pthread_join(t, &second);
+  cr_assert_not_null(second);
+  cr_assert_eq(atomic_load(&opened), 2);
+  bd_conn_close(bd, second);
+  bd_close(bd);
+}
+
+Test(conn, default_connection_opens_once_and_closes_with_the_device) {
+  struct bd *bd = fake(BD_CONC_PARALLEL);
+  char buf[512];
+  cr_assert_eq(bd_pread(bd, buf, sizeof buf, 0), 0);
+  cr_assert_eq(bd_pread(bd, buf, sizeof buf, 512), 0);
+  cr_assert_eq(buf[0], 'd', "the default connection is export \"\"");
+  cr_assert_eq(atomic_load(&opened), 1);
+  bd_close(bd);
+  cr_assert_eq(atomic_load(&closed), 1);
+}
+
+Test(conn, sources_without_connections_get_a_placeholder) {
+  struct bd *bd = bd_open("memory:1M", NULL, false);
+  cr_assert_not_null(bd);
+  struct bd_conn *c = bd_conn_open(bd, "x", false);
+  cr_assert_not_null(c);
+  char buf[512] = {1};
+  struct bd_req req = {.cmd = BD_READ, .length = 512, .buf = buf, .conn = c};
+  cr_assert_eq(bd_run(bd, &req), 0);
+  cr_assert_eq(buf[0], 0);
+  bd_conn_close(bd, c);
+  bd_close(bd);
+}
+
+/* ---- nbdkit_add_extent's rules ---- */
+
+Test(plugin_extents, clipped_to_the_range_and_merged) {
+  struct nbdkit_extents e;
+  pl_extents_init(&e, 1000, 5000);
+  cr_assert_eq(pl_extents_add(&e, 0, 500, 0), 0); /* before: dropped */
+  cr_assert_eq(e.n, 0);
+  cr_assert_eq(pl_extents_add(&e, 500, 1000, 3), 0);  /* covers start */
+  cr_assert_eq(pl_extents_add(&e, 1500, 500, 3), 0);  /* same type: merged */
+  cr_assert_eq(pl_extents_add(&e, 2000, 0, 0), 0);    /* empty: ignored */
+  cr_assert_eq(pl_extents_add(&e, 2000, 9000, 0), 0); /* past end: cut */
+  cr_assert_eq(pl_extents_add(&e, 11000, 10, 3), 0);  /* beyond: dropped */
+  cr_assert_eq(e.n, 2);
+  cr_assert_eq(e.v[0].offset, 1000);
+  cr_assert_eq(e.v[0].length, 1000);
+  cr_assert_eq(e.v[0].type, 3);
+  cr_assert_eq(e.v[1].offset, 2000);
+  cr_assert_eq(e.v[1].length, 3000);
+  pl_extents_fini(&e);
+}
+
+Test(plugin_extents, gaps_and_late_starts_are_errors) {
+  struct nbdkit_extents e;
+  pl_extents_init(&e, 1000, 5000);
+  cr_assert_eq(pl_extents_add(&e, 1200, 100, 0), -EINVAL);
+  pl_extents_fini(&e);
+  pl_extents_init(&e, 0, 5000);
+  cr_assert_eq(pl_extents_add(&e, 0, 100, 0), 0);
+  cr_assert_eq(pl_extents_add(&e, 200, 100, 0), -ERANGE);
+  cr_assert_eq(pl_extents_add(&e, 50, 100, 0), -ERANGE);
+  pl_extents_fini(&e);
+}
