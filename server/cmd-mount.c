@@ -23,6 +23,8 @@
 
 static const char mount_usage[] =
     "Usage: blockport mount [OPTIONS] SOURCE MOUNTPOINT\n"
+    "       blockport mount [OPTIONS] --plugin PLUGIN [KEY=VALUE...] "
+    "MOUNTPOINT\n"
     "Make a disk image or an NBD export an ordinary file, through FUSE.\n"
     "\n"
     "SOURCE is an image file (raw or qcow2, probed), an NBD URI (nbd://,\n"
@@ -30,6 +32,10 @@ static const char mount_usage[] =
     "which then holds the disk as NAME and each partition of an MBR or GPT\n"
     "as NAME-p1, NAME-p2, ...; or a regular file, which becomes the disk.\n"
     "\n"
+    "      --plugin PLUGIN     the source is an nbdkit plugin: a .so path or\n"
+    "                          a name in nbdkit's plugin directory, with\n"
+    "                          its KEY=VALUE parameters\n"
+    "  -D NAME.FLAG=N          set an nbdkit plugin's debug flag\n"
     "  -r, --readonly          refuse writes\n"
     "  -f, --format FMT        image format instead of probing: raw, qcow2\n"
     "  -n, --name NAME         the disk file's name (default: the image's\n"
@@ -61,6 +67,7 @@ static const char mount_usage[] =
 
 struct mount_opts {
   const char *source, *mountpoint, *format, *name, *pid_file, *log_file;
+  const char *plugin;
   bool readonly, foreground, allow_other, no_partitions, direct_io;
   unsigned threads, workers;
 };
@@ -377,6 +384,21 @@ out:
   return ret;
 }
 
+/* --plugin PLUGIN [KEY=VALUE...] MOUNTPOINT: the last argument is the
+ * mount point, the others the plugin's parameters. */
+static int plugin_source(int argc, char **argv, struct mount_opts *o) {
+  if (argc - optind < 1) {
+    fprintf(stderr, "blockport mount: expected MOUNTPOINT\n%s", mount_usage);
+    return -1;
+  }
+  o->mountpoint = argv[argc - 1];
+  o->source = plugin_spec(o->plugin, argv + optind, argc - optind - 1);
+  if (!o->name)
+    o->name =
+        strchr(o->plugin, '/') || strchr(o->plugin, '.') ? "disk" : o->plugin;
+  return o->source ? 0 : -1;
+}
+
 static int parse_opts(int argc, char **argv, struct mount_opts *o) {
   enum {
     OPT_TIMEOUT = 256,
@@ -386,6 +408,7 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
     OPT_LOG_FILE,
     OPT_NO_PARTITIONS,
     OPT_L2_CACHE,
+    OPT_PLUGIN,
   };
   static const struct option longopts[] = {
       {"readonly", no_argument, NULL, 'r'},
@@ -398,6 +421,7 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       {"connections", required_argument, NULL, 'C'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"l2-cache-size", required_argument, NULL, OPT_L2_CACHE},
+      {"plugin", required_argument, NULL, OPT_PLUGIN},
       {"allow-other", no_argument, NULL, OPT_ALLOW_OTHER},
       {"foreground", no_argument, NULL, OPT_FOREGROUND},
       {"pid-file", required_argument, NULL, 'P'},
@@ -406,9 +430,16 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "rf:n:t:w:C:P:vh", longopts, NULL)) !=
+  while ((ch = getopt_long(argc, argv, "rf:n:t:w:C:D:P:vh", longopts, NULL)) !=
          -1) {
     switch (ch) {
+    case OPT_PLUGIN: o->plugin = optarg; break;
+    case 'D':
+      if (plugin_add_debug_flag(optarg) < 0) {
+        fprintf(stderr, "blockport mount: %s\n", bd_errmsg());
+        return -1;
+      }
+      break;
     case 'r': o->readonly = true; break;
     case 'f': o->format = optarg; break;
     case 'n': o->name = optarg; break;
@@ -448,6 +479,8 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
     default: fputs(mount_usage, stderr); return -1;
     }
   }
+  if (o->plugin)
+    return plugin_source(argc, argv, o);
   if (argc - optind != 2) {
     fprintf(stderr, "blockport mount: expected SOURCE and MOUNTPOINT\n%s",
             mount_usage);
