@@ -35,6 +35,9 @@
 #define WALK_EXTENTS 1024      /* extents per step */
 #define DRAIN_SECONDS 60       /* wait for requests in flight at exit */
 #define KICK_SIGNAL SIGUSR1    /* wakes the loop's main thread */
+#define BIG_IO (128u * 1024)   /* larger requests reuse cached buffers */
+#define BIG_CACHED 32          /* buffers of MAX_IO kept for reuse */
+#define REPLIERS 2             /* threads that copy large reads out */
 
 struct mfile {
   char *name;
@@ -73,6 +76,19 @@ struct fm {
   /* Error log rate limit. */
   time_t last_error_log;
   unsigned errors_unlogged;
+  /* Large request buffers for reuse: a fresh 1 MiB allocation is mapped
+   * and faulted in page by page, which costs more than the copy into it. */
+  pthread_mutex_t big_lock;
+  struct fio *big[BIG_CACHED];
+  unsigned nbig;
+  /* Large read replies of an asynchronous source, copied into the kernel
+   * by these threads rather than by the source's event thread. */
+  pthread_mutex_t reply_lock;
+  pthread_cond_t reply_cond;
+  struct fio *reply_head, **reply_tail;
+  bool reply_stop;
+  pthread_t repliers[REPLIERS];
+  unsigned nrepliers;
 };
 
 /* ---- helpers ---- */
@@ -341,11 +357,43 @@ struct fio {
   struct fm *m;
   fuse_req_t req;
   uint64_t file_off; /* for messages */
+  bool big;          /* MAX_IO bytes of data, from and back to the cache */
+  struct fio *next;  /* on the reply queue */
   uint8_t data[];
 };
 
+static struct fio *fio_alloc(struct fm *m, size_t datalen) {
+  struct fio *io = NULL;
+  bool big = datalen > BIG_IO && datalen <= MAX_IO;
+  if (big) {
+    pthread_mutex_lock(&m->big_lock);
+    if (m->nbig > 0)
+      io = m->big[--m->nbig];
+    pthread_mutex_unlock(&m->big_lock);
+    if (!io)
+      io = malloc(sizeof *io + MAX_IO);
+  } else {
+    io = malloc(sizeof *io + datalen);
+  }
+  if (io)
+    io->big = big;
+  return io;
+}
+
+static void fio_free(struct fm *m, struct fio *io) {
+  if (io->big) {
+    pthread_mutex_lock(&m->big_lock);
+    if (m->nbig < BIG_CACHED) {
+      m->big[m->nbig++] = io;
+      io = NULL;
+    }
+    pthread_mutex_unlock(&m->big_lock);
+  }
+  free(io);
+}
+
 static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen) {
-  struct fio *io = malloc(sizeof *io + datalen);
+  struct fio *io = fio_alloc(m, datalen);
   if (!io)
     return NULL;
   io->m = m;
@@ -356,7 +404,7 @@ static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen) {
 
 static void fio_end(struct fio *io) {
   struct fm *m = io->m;
-  free(io);
+  fio_free(m, io);
   inflight_put(m);
 }
 
@@ -365,10 +413,76 @@ static void fio_error(struct fio *io, const char *what, int err) {
   fuse_reply_err(io->req, -err);
 }
 
+/* ---- large read replies off the source's thread ---- */
+
+/* An asynchronous source completes on its own event thread (one for an
+ * NBD device), which also reads the next replies from the network:
+ * copying a large read into the kernel there holds up every other
+ * completion, so such replies go to the repliers.  Small ones are sent at
+ * once: a hand-off would cost more than the copy. */
+static bool reply_later(struct fm *m, struct fio *io) {
+  if (m->nrepliers == 0 || io->dr.length < BIG_IO)
+    return false;
+  io->next = NULL;
+  pthread_mutex_lock(&m->reply_lock);
+  *m->reply_tail = io;
+  m->reply_tail = &io->next;
+  pthread_cond_signal(&m->reply_cond);
+  pthread_mutex_unlock(&m->reply_lock);
+  return true;
+}
+
+static void *replier(void *arg) {
+  struct fm *m = arg;
+  pthread_mutex_lock(&m->reply_lock);
+  for (;;) {
+    while (!m->reply_head && !m->reply_stop)
+      pthread_cond_wait(&m->reply_cond, &m->reply_lock);
+    struct fio *io = m->reply_head;
+    if (!io)
+      break;
+    m->reply_head = io->next;
+    if (!m->reply_head)
+      m->reply_tail = &m->reply_head;
+    pthread_mutex_unlock(&m->reply_lock);
+    fuse_reply_buf(io->req, (const char *)io->data, io->dr.length);
+    fio_end(io);
+    pthread_mutex_lock(&m->reply_lock);
+  }
+  pthread_mutex_unlock(&m->reply_lock);
+  return NULL;
+}
+
+static void repliers_start(struct fm *m) {
+  pthread_mutex_init(&m->reply_lock, NULL);
+  pthread_cond_init(&m->reply_cond, NULL);
+  m->reply_tail = &m->reply_head;
+  if (m->bd->exec != BD_EXEC_ASYNC)
+    return;
+  while (m->nrepliers < REPLIERS &&
+         pthread_create(&m->repliers[m->nrepliers], NULL, replier, m) == 0)
+    m->nrepliers++;
+}
+
+/* After the drain: the queue is empty. */
+static void repliers_stop(struct fm *m) {
+  pthread_mutex_lock(&m->reply_lock);
+  m->reply_stop = true;
+  pthread_cond_broadcast(&m->reply_cond);
+  pthread_mutex_unlock(&m->reply_lock);
+  for (unsigned i = 0; i < m->nrepliers; i++)
+    pthread_join(m->repliers[i], NULL);
+  m->nrepliers = 0;
+  pthread_cond_destroy(&m->reply_cond);
+  pthread_mutex_destroy(&m->reply_lock);
+}
+
 static void read_done(struct disk_req *r, int err) {
   struct fio *io = (struct fio *)r;
   if (err < 0)
     fio_error(io, "read", err);
+  else if (reply_later(io->m, io))
+    return;
   else
     fuse_reply_buf(io->req, (const char *)io->data, r->length);
   fio_end(io);
@@ -790,12 +904,17 @@ static struct fuse_session *session_new(struct fm *m) {
 }
 
 static void fm_free(struct fm *m) {
+  if (m->reply_tail)
+    repliers_stop(m);
   for (size_t i = 0; i < m->nfiles; i++) {
     free(m->files[i].name);
     pthread_mutex_destroy(&m->files[i].lock);
   }
   free(m->files);
   free(m->mountpoint);
+  for (unsigned i = 0; i < m->nbig; i++)
+    free(m->big[i]);
+  pthread_mutex_destroy(&m->big_lock);
   pthread_cond_destroy(&m->idle);
   pthread_mutex_destroy(&m->run_lock);
   disk_fini(&m->disk);
@@ -816,6 +935,7 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     return NULL;
   }
   pthread_mutex_init(&m->run_lock, NULL);
+  pthread_mutex_init(&m->big_lock, NULL);
   pthread_cond_init(&m->idle, NULL);
   m->bd = bd;
   m->cfg = *cfg;
@@ -836,6 +956,7 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     goto fail;
   if (!(m->se = session_new(m)))
     goto fail;
+  repliers_start(m);
   if (fuse_session_mount(m->se, m->mountpoint) != 0) {
     log_error("cannot mount on %s", m->mountpoint);
     fuse_session_destroy(m->se);
