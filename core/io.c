@@ -5,8 +5,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fault.h"
+
 int io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
   const uint8_t *p = buf;
+  int f = fault_check(FAULT_WRITE, off, len);
+  if (f < 0)
+    return f;
   while (len > 0) {
     ssize_t n = pwrite(fd, p, len, (off_t)off);
     if (n < 0 && errno == EINTR)
@@ -23,6 +28,9 @@ int io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off) {
 static int pread_loop(int fd, void *buf, size_t len, uint64_t off,
                       bool zero_eof) {
   uint8_t *p = buf;
+  int f = fault_check(FAULT_READ, off, len);
+  if (f < 0)
+    return f;
   while (len > 0) {
     ssize_t n = pread(fd, p, len, (off_t)off);
     if (n < 0 && errno == EINTR)
@@ -48,4 +56,11 @@ int io_pread_zero(int fd, void *buf, size_t len, uint64_t off) {
 
 int io_pread_exact(int fd, void *buf, size_t len, uint64_t off) {
   return pread_loop(fd, buf, len, off, false);
+}
+
+int io_fdatasync(int fd) {
+  int f = fault_check(FAULT_SYNC, 0, 0);
+  if (f < 0)
+    return f;
+  return fdatasync(fd) < 0 ? -errno : 0;
 }

@@ -12,5 +12,8 @@ int io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 int io_pread_zero(int fd, void *buf, size_t len, uint64_t off);
 /* Read exactly LEN bytes at OFF: the end of the file is -EIO. */
 int io_pread_exact(int fd, void *buf, size_t len, uint64_t off);
+/* fdatasync.  Returns 0 or -errno. */
+int io_fdatasync(int fd);
+/* All three go through fault_check() (core/fault.h). */
 
 #endif

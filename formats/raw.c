@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../core/fault.h"
+#include "../core/io.h"
 #include "formats.h"
 
 struct rawdev {
@@ -28,6 +30,12 @@ struct rawdev {
 static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   struct rawdev *r = bd->priv;
   char *p = buf;
+  int f = fault_check(FAULT_READ, off, len);
+  if (f < 0) {
+    bd_set_error("raw: read at %llu: %s", (unsigned long long)off,
+                 strerror(-f));
+    return f;
+  }
   while (len > 0) {
     ssize_t n = pread(r->fd, p, len, (off_t)off);
     if (n < 0) {
@@ -52,18 +60,22 @@ static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
 
 static int raw_flush(struct bd *bd) {
   struct rawdev *r = bd->priv;
-  if (fdatasync(r->fd) < 0) {
-    int e = errno;
-    bd_set_error("raw: fdatasync: %s", strerror(e));
-    return -e;
-  }
-  return 0;
+  int e = io_fdatasync(r->fd);
+  if (e < 0)
+    bd_set_error("raw: fdatasync: %s", strerror(-e));
+  return e;
 }
 
 static int raw_pwrite(struct bd *bd, const void *buf, uint64_t len,
                       uint64_t off, uint32_t flags) {
   struct rawdev *r = bd->priv;
   const char *p = buf;
+  int f = fault_check(FAULT_WRITE, off, len);
+  if (f < 0) {
+    bd_set_error("raw: write at %llu: %s", (unsigned long long)off,
+                 strerror(-f));
+    return f;
+  }
   while (len > 0) {
     ssize_t n = pwrite(r->fd, p, len, (off_t)off);
     if (n < 0) {
@@ -83,7 +95,9 @@ static int raw_pwrite(struct bd *bd, const void *buf, uint64_t len,
 
 static int do_fallocate(struct rawdev *r, int mode, uint64_t len,
                         uint64_t off) {
-  int ret;
+  int ret = fault_check(FAULT_WRITE, off, len);
+  if (ret < 0)
+    return ret;
   do
     ret = fallocate(r->fd, mode, (off_t)off, (off_t)len);
   while (ret < 0 && errno == EINTR);
@@ -196,6 +210,8 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
   struct rawdev *r = bd->priv;
   struct iovec iov = {req->buf, req->length};
   ssize_t n;
+  if (fault_active())
+    return -EAGAIN; /* the pool path checks for injected faults */
   if (req->cmd == BD_READ) {
     n = preadv2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
   } else if (atomic_load_explicit(&r->nowait_writes, memory_order_relaxed)) {

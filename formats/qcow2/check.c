@@ -333,15 +333,15 @@ static int write_structures(struct qcow2dev *q, struct refs *r) {
   uint64_t toff = (start + nblocks) << q->h.cluster_bits;
   if (e == 0)
     e = io_pwrite_all(q->fd, table, ntable * q->csize, toff);
-  if (e == 0 && fdatasync(q->fd) < 0)
-    e = -errno;
+  if (e == 0)
+    e = io_fdatasync(q->fd);
   uint8_t hdr[12];
   put_be64(hdr, toff);
   put_be32(hdr + 8, (uint32_t)ntable);
   if (e == 0)
     e = io_pwrite_all(q->fd, hdr, 12, 48);
-  if (e == 0 && fdatasync(q->fd) < 0)
-    e = -errno;
+  if (e == 0)
+    e = io_fdatasync(q->fd);
   free(blk);
   free(table);
   if (e == 0) {

@@ -109,6 +109,10 @@ int qcow2_rc_init(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
+/* After a failed metadata write the image's state in memory may differ
+ * from the file: refuse further writes (reads go on), logged once.
+ * Returns ERR. */
+int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
 
 /* write.c */

@@ -16,6 +16,7 @@
 
 #include "../../core/blockdev.h"
 #include "../../core/io.h"
+#include "../../core/log.h"
 #include "../../server/wire.h"
 #include "qcow2-internal.h"
 
@@ -116,8 +117,8 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
     r = write_entry(q, b, byte, shift, 1);
   }
   /* The block is durable before the table entry that points at it. */
-  if (r == 0 && fdatasync(q->fd) < 0)
-    r = -errno;
+  if (r == 0)
+    r = io_fdatasync(q->fd);
   if (r == 0) {
     uint8_t e[8];
     put_be64(e, b);
@@ -189,23 +190,29 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
     r = io_pwrite_all(q->fd, buf, entries * 8, t);
   free(buf);
   /* The new table is durable before the header points at it. */
-  if (r == 0 && fdatasync(q->fd) < 0)
-    r = -errno;
+  if (r == 0)
+    r = io_fdatasync(q->fd);
   uint8_t hdr[12];
   put_be64(hdr, t);
   put_be32(hdr + 8, (uint32_t)nclusters);
   if (r == 0)
     r = io_pwrite_all(q->fd, hdr, 12, 48);
-  if (r == 0 && fdatasync(q->fd) < 0)
-    r = -errno;
-  if (r < 0) {
-    q->broken = true;
-    return r;
-  }
+  if (r == 0)
+    r = io_fdatasync(q->fd);
+  if (r < 0)
+    return qcow2_mark_broken(q, r, "growing the refcount table");
   q->h.reftable_clusters = (uint32_t)nclusters;
   for (uint64_t c = 0; r == 0 && c < old_clusters; c++)
     r = qcow2_rc_update(q, (old_off >> q->h.cluster_bits) + c, -1);
   return r;
+}
+
+int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what) {
+  if (!q->broken)
+    log_error("qcow2 %s: %s failed (%s); refusing further writes", q->path,
+              what, strerror(-err));
+  q->broken = true;
+  return err;
 }
 
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
@@ -214,10 +221,8 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
   uint64_t h = q->alloc_end;
   q->alloc_end += q->csize;
   int r = qcow2_rc_update(q, h >> q->h.cluster_bits, 1);
-  if (r < 0) {
-    q->broken = true;
-    return r;
-  }
+  if (r < 0)
+    return qcow2_mark_broken(q, r, "allocating a cluster");
   *host = h;
   return 0;
 }
@@ -232,10 +237,8 @@ int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
     uint64_t val = 1;
     if (r == 0)
       r = qcow2_rc_get(q, c, &val);
-    if (r < 0) {
-      q->broken = true;
-      return r;
-    }
+    if (r < 0)
+      return qcow2_mark_broken(q, r, "freeing a cluster");
     if (val == 0)
       fallocate(q->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                 (off_t)(c << q->h.cluster_bits), (off_t)q->csize);

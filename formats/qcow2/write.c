@@ -147,9 +147,8 @@ static int write_be64(struct qcow2dev *q, uint64_t off, uint64_t value) {
 }
 
 static int datasync(struct qcow2dev *q) {
-  if (q->data_fd != q->fd && fdatasync(q->data_fd) < 0)
-    return -errno;
-  return fdatasync(q->fd) < 0 ? -errno : 0;
+  int r = q->data_fd != q->fd ? io_fdatasync(q->data_fd) : 0;
+  return r < 0 ? r : io_fdatasync(q->fd);
 }
 
 /* Metadata lock held. */
@@ -173,13 +172,7 @@ static int sync_metadata(struct qcow2dev *q) {
   for (size_t i = 0; r == 0 && i < q->npend_free; i++)
     r = qcow2_free_range(q, q->pend_free[i].a, q->pend_free[i].b);
   q->npend_free = 0;
-  if (r < 0 && !q->broken) {
-    q->broken = true;
-    log_error("qcow2 %s: writing metadata failed (%s); refusing further "
-              "writes",
-              q->path, strerror(-r));
-  }
-  return r;
+  return r < 0 ? qcow2_mark_broken(q, r, "writing metadata") : 0;
 }
 
 static int maybe_sync(struct qcow2dev *q) {
@@ -346,6 +339,9 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   grow_file(q);
   pthread_mutex_unlock(&q->meta);
 
+  /* A failed data write changes no metadata once its cluster is given
+   * back (say ENOSPC on a full disk): the image stays writable. */
+  bool data_phase = r == 0;
   if (r == 0 && fresh && reads_zero(q, cluster, entry, bitmap)) {
     /* A fresh cluster at the end of the file already reads as zeroes:
      * write only the new bytes. */
@@ -357,6 +353,7 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
       r = io_pwrite_all(q->data_fd, data, q->csize, host);
     free(data);
   }
+  bool data_failed = data_phase && r < 0;
 
   pthread_mutex_lock(&q->meta);
   /* With extended L2 the whole new cluster was written: every subcluster
@@ -370,12 +367,8 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     r = release_entry(q, entry);
   if (r == 0)
     r = maybe_sync(q);
-  if (r < 0 && !q->broken) {
-    q->broken = true;
-    log_error("qcow2 %s: metadata update failed (%s); refusing further "
-              "writes",
-              q->path, strerror(-r));
-  }
+  if (r < 0 && !data_failed)
+    qcow2_mark_broken(q, r, "updating metadata");
   finish_cluster(q, &f);
   return r;
 }
@@ -443,11 +436,13 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   uint8_t *span = r == 0 ? malloc(hi - lo) : NULL;
   if (r == 0 && !span)
     r = -ENOMEM;
+  bool data_phase = r == 0; /* as in allocate_write() */
   if (r == 0)
     r = build_span(q, cluster, in, buf, n, lo, hi, span);
   if (r == 0)
     r = io_pwrite_all(q->data_fd, span, hi - lo, host + lo);
   free(span);
+  bool data_failed = data_phase && r < 0;
 
   pthread_mutex_lock(&q->meta);
   /* Data before the bitmap that exposes it: set_l2 reaches the file only
@@ -461,12 +456,8 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     r = maybe_sync(q);
   else if (fresh && host && !published)
     unalloc_data(q, host); /* never published */
-  if (r < 0 && !q->broken) {
-    q->broken = true;
-    log_error("qcow2 %s: metadata update failed (%s); refusing further "
-              "writes",
-              q->path, strerror(-r));
-  }
+  if (r < 0 && !data_failed)
+    qcow2_mark_broken(q, r, "updating metadata");
   finish_cluster(q, &f);
   return r;
 }
@@ -829,8 +820,8 @@ int qcow2_open_writable(struct qcow2dev *q) {
   uint64_t keep = q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
   if (q->h.version >= 3 && q->h.autoclear != keep) {
     r = write_be64(q, 88, keep);
-    if (r == 0 && fdatasync(q->fd) < 0)
-      r = -errno;
+    if (r == 0)
+      r = io_fdatasync(q->fd);
     if (r < 0)
       return r;
     q->h.autoclear = keep;

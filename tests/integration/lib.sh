@@ -27,7 +27,8 @@
 #   export_uri NAME           URI of export NAME on the current server
 #   server_alive              true if the current server process still runs
 #   stop_server [SIG]         SIGTERM (or SIG) the server, require exit
-#                             status 0 and no sanitizer report in its log
+#                             status 0 (or $STOP_EXPECT) and no sanitizer
+#                             report in its log
 #   check_sanitizer_reports FILE  fail on ASan/LSan/UBSan/TSan reports in FILE
 #   track_pid PID             kill PID (and wait) on exit
 #   random_file FILE MIB      FILE of MIB MiB of random data
@@ -324,12 +325,13 @@ stop_server() {
     local rc=0
     wait "$SERVER_PID" || rc=$?
     SERVER_PID=
-    if [[ $rc -ne 0 ]]; then
+    local want=${STOP_EXPECT:-0}
+    if [[ $rc -ne $want ]]; then
         _dump_log
-        fail "server exited with status $rc after SIG$sig (expected 0)"
+        fail "server exited with status $rc after SIG$sig (expected $want)"
     fi
     check_sanitizer_reports "$T/server.log"
-    ok "server exited with status 0 after SIG$sig"
+    ok "server exited with status $rc after SIG$sig"
 }
 
 # check_sanitizer_reports FILE: fail if FILE holds an ASan/LSan/UBSan/TSan
