@@ -15,9 +15,12 @@ struct bd *memory_open(const char *size);
 bool nbd_is_uri(const char *spec);
 struct bd *nbd_source_open(const char *uri, bool readonly);
 /* Options of each NBD source opened from now on.  Connections: 0 means 4
- * when the server advertises multi-conn, otherwise 1.  Timeout: seconds a
- * request may wait for a lost server (reconnecting) before failing with
- * EIO; 0 waits forever. */
+ * when the server advertises multi-conn, otherwise 1; more than 1 on a
+ * server without multi-conn is refused with a warning, using 1 (at most
+ * 16).  Timeout: seconds a request may wait for a lost server
+ * (reconnecting) before failing with EIO, and how long a connection with
+ * requests in flight may hear nothing before it counts as lost; 0 waits
+ * forever. */
 extern unsigned nbd_source_connections;
 extern unsigned nbd_source_timeout;
 /* nbdkit plugins (formats/plugin.c).  A plugin's spec is built by

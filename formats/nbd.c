@@ -1,17 +1,43 @@
 /* nbd: a remote export as a block device, through libnbd's asynchronous
- * calls.  Requests are issued from whatever thread submits them (libnbd
- * handles are thread-safe) and complete on the thread that reads the
- * reply; one event thread per device polls the socket and is woken through
- * an eventfd whenever a submission may have left bytes to send.  One
- * connection per device for now. */
+ * calls.
+ *
+ * Connections.  A device holds one libnbd handle per connection to the
+ * URI: several only when the server advertises multi-conn, whose flush
+ * then covers writes completed on every connection, so a flush goes to
+ * one of them.  Each submitting thread has a home connection, and requests
+ * are issued from that thread: libnbd sends at once, and only when the
+ * socket is full is the event thread woken to wait for POLLOUT.
+ *
+ * One event thread per device polls every handle, reads the replies, and
+ * runs reconnection and timeouts.  libnbd runs callbacks with the handle
+ * locked, so callbacks only record a result: a command's free callback
+ * puts it on a per-thread list that the thread drains once libnbd has
+ * returned.  A front end's done() may then submit again to this device.
+ *
+ * Loss.  When a connection dies, its commands complete with ENOTCONN.
+ * Reads, cache and block status (when nothing was reported yet) are sent
+ * again on another connection, or wait for one; writes, trims, zeroes and
+ * flushes fail with EIO, since the server may have applied them in part.
+ * While no connection is up, requests wait; one that has waited
+ * nbd_source_timeout seconds fails with EIO.  A connection with requests
+ * in flight that hears nothing from the server for as long is dropped as
+ * lost (a peer gone without closing the socket).  The event thread
+ * reconnects in the background, every 0.5 s doubling to 4 s (every 0.5 s
+ * while requests wait), and refuses an export whose size changed.  After
+ * a loss with completed writes not yet flushed, the next flush fails with
+ * EIO: the server may have dropped them. */
 #include <errno.h>
 #include <libnbd.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/blockdev.h"
@@ -20,77 +46,245 @@
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
 #define NBD_CHUNK (1u << 30)
+#define MAX_CONNS 16
+#define AUTO_CONNS 4
+#define RETRY_MIN_MS 500
+#define RETRY_MAX_MS 4000
+#define CONNECT_MAX_MS 10000 /* a handshake taking longer is abandoned */
+#define CLOSE_BUSY_MS 5000   /* close waits this long for requests */
+#define CLOSE_DISC_MS 1000   /* and this long for the server to hang up */
 
 unsigned nbd_source_connections = 0;
 unsigned nbd_source_timeout = 30;
 
-struct nbddev {
-  struct nbd_handle *h;
-  int wakefd;
-  atomic_bool stop;
-  pthread_t thread;
-  char *uri;
+enum conn_state {
+  C_DOWN,       /* no handle; the event thread retries at due */
+  C_CONNECTING, /* handshake in progress until due */
+  C_UP,         /* ready for requests */
+  C_DEAD,       /* a submitter saw the handle die; the event thread cleans */
 };
 
-static void wake(struct nbddev *n) {
-  uint64_t one = 1;
-  ssize_t r = write(n->wakefd, &one, sizeof one);
-  (void)r; /* only fails when the counter is saturated: already awake */
-}
+struct nbddev;
 
-static void *event_loop(void *arg) {
-  struct nbddev *n = arg;
-  int fd = nbd_aio_get_fd(n->h);
-  while (!atomic_load(&n->stop)) {
-    unsigned dir = nbd_aio_get_direction(n->h);
-    struct pollfd p[2] = {
-        {.fd = fd,
-         .events = (short)(((dir & LIBNBD_AIO_DIRECTION_READ) ? POLLIN : 0) |
-                           ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? POLLOUT : 0))},
-        {.fd = n->wakefd, .events = POLLIN}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
-      break;
-    if (p[1].revents & POLLIN) {
-      uint64_t v;
-      ssize_t r = read(n->wakefd, &v, sizeof v);
-      (void)r;
-    }
-    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) &&
-        nbd_aio_notify_read(n->h) < 0)
-      break;
-    if ((p[0].revents & POLLOUT) && nbd_aio_notify_write(n->h) < 0)
-      break;
-  }
-  if (!atomic_load(&n->stop))
-    log_error("nbd %s: connection lost: %s", n->uri, nbd_get_error());
-  return NULL;
-}
+struct conn {
+  struct nbddev *d;
+  unsigned idx;
+  struct nbd_handle *h;  /* changed by the event thread only */
+  _Atomic int state;     /* enum conn_state */
+  pthread_rwlock_t lock; /* read-held while issuing on h */
+  atomic_int inflight;
+  _Atomic int64_t last_read; /* ms: last reply bytes, or first request */
+  int64_t due;               /* C_DOWN: next attempt; C_CONNECTING: end */
+  int64_t backoff;
+  unsigned failures; /* attempts failed since the connection was lost */
+  bool lost;         /* was up once: a success is a reconnection */
+  bool disc_sent;
+};
 
-/* ---- requests ---- */
+/* One libnbd command: a whole request or one piece of a split one. */
+struct op {
+  struct nbddev *d;
+  struct bd_req *req;
+  struct split *split; /* NULL unless the request is split */
+  uint64_t off, len;
+  struct conn *c;
+  int err;          /* from libnbd's completion callback */
+  bool completed;   /* the completion callback ran */
+  bool nowait;      /* fail rather than wait for a connection */
+  uint64_t gen;     /* flush: write_gen when submitted */
+  size_t ext_n;     /* block status: list length when submitted */
+  uint64_t ext_end; /* ... and its end */
+  int64_t deadline; /* ms: when waiting for a connection must end */
+  struct op *next;
+};
 
-/* A request split into several libnbd commands completes when the last
- * one does, with the first error. */
+/* A request split into several commands completes when the last one
+ * does, with the first error. */
 struct split {
   struct bd_req *req;
   atomic_int pending;
   atomic_int err;
 };
 
-static int split_done(void *user_data, int *error) {
-  struct split *s = user_data;
-  if (*error)
-    atomic_store(&s->err, -*error);
+struct nbddev {
+  char *uri;
+  uint64_t size;
+  unsigned nconns;
+  struct conn conns[MAX_CONNS];
+  atomic_uint rr;
+  int wakefd;
+  pthread_t thread;
+  int64_t timeout_ms; /* 0: wait for a connection forever */
+  bool can_flush, can_trim, can_cache, can_extents;
+  pthread_mutex_t lock; /* waiters, closing, and changes to C_UP */
+  struct op *wait_head, *wait_tail;
+  bool closing;
+  /* Durability: completed non-FUA writes, and the count the last flush
+   * covered.  A loss in between means those writes may be gone. */
+  _Atomic uint64_t write_gen;
+  uint64_t flushed_gen; /* under lock */
+  atomic_bool writes_lost;
+  int64_t bad_size; /* event thread: the wrong size last logged */
+};
+
+/* Set around an issuing call, so that a free callback run inside the call
+ * knows libnbd refused the command. */
+static _Thread_local struct op *issuing;
+/* Commands libnbd is done with, to finish once libnbd has returned. */
+static _Thread_local struct op *done_head, *done_tail;
+
+static void dispatch(struct op *op);
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wake(struct nbddev *d) {
+  uint64_t one = 1;
+  ssize_t r = write(d->wakefd, &one, sizeof one);
+  (void)r; /* only fails when the counter is saturated: already awake */
+}
+
+static const char *cmd_name(enum bd_cmd cmd) {
+  static const char *const names[] = {[BD_READ] = "read",
+                                      [BD_WRITE] = "write",
+                                      [BD_FLUSH] = "flush",
+                                      [BD_TRIM] = "trim",
+                                      [BD_ZERO] = "zero",
+                                      [BD_CACHE] = "cache",
+                                      [BD_BLOCK_STATUS] = "block status"};
+  return (unsigned)cmd < sizeof names / sizeof *names ? names[cmd] : "?";
+}
+
+/* ---- finishing commands ---- */
+
+static void piece_done(struct split *s, int err) {
+  int none = 0;
+  if (err)
+    atomic_compare_exchange_strong(&s->err, &none, err);
   if (atomic_fetch_sub(&s->pending, 1) == 1) {
     bd_complete(s->req, atomic_load(&s->err));
     free(s);
   }
+}
+
+static void op_end(struct op *op, int err) {
+  struct split *s = op->split;
+  struct bd_req *req = op->req;
+  free(op);
+  if (s)
+    piece_done(s, err);
+  else
+    bd_complete(req, err);
+}
+
+static void op_fail(struct op *op, int err, const char *why) {
+  bd_set_error("nbd %s: %s at %llu: %s", op->d->uri, cmd_name(op->req->cmd),
+               (unsigned long long)op->off, why);
+  op_end(op, err);
+}
+
+static bool is_write(enum bd_cmd cmd) {
+  return cmd == BD_WRITE || cmd == BD_TRIM || cmd == BD_ZERO;
+}
+
+static void flush_done(struct op *op) {
+  struct nbddev *d = op->d;
+  pthread_mutex_lock(&d->lock);
+  if (op->gen > d->flushed_gen)
+    d->flushed_gen = op->gen;
+  pthread_mutex_unlock(&d->lock);
+  if (atomic_exchange(&d->writes_lost, false)) {
+    op_fail(op, -EIO,
+            "writes completed before a lost connection may not "
+            "have reached stable storage");
+    return;
+  }
+  op_end(op, 0);
+}
+
+static void op_succeeded(struct op *op) {
+  enum bd_cmd cmd = op->req->cmd;
+  if (cmd == BD_FLUSH) {
+    flush_done(op);
+    return;
+  }
+  if (is_write(cmd) && !(op->req->flags & BD_F_FUA))
+    atomic_fetch_add(&op->d->write_gen, 1);
+  op_end(op, 0);
+}
+
+/* The connection went away with the command in flight. */
+static void op_lost(struct op *op) {
+  struct bd_req *req = op->req;
+  bool resend = req->cmd == BD_READ || req->cmd == BD_CACHE ||
+                (req->cmd == BD_BLOCK_STATUS && req->extents->n == op->ext_n &&
+                 req->extents->end == op->ext_end);
+  if (!resend) {
+    op_fail(op, -EIO, "the connection was lost with the request in flight");
+    return;
+  }
+  /* The timeout runs from the first loss, however many connections the
+   * request tries after it. */
+  int64_t now = now_ms();
+  if (!op->deadline)
+    op->deadline = op->d->timeout_ms ? now + op->d->timeout_ms : INT64_MAX;
+  if (op->deadline <= now) {
+    op_fail(op, -EIO,
+            "the connection was lost and no other answered "
+            "within the timeout");
+    return;
+  }
+  dispatch(op);
+}
+
+static void finish(struct op *op) {
+  atomic_fetch_sub(&op->c->inflight, 1);
+  int err = op->completed ? op->err : ENOTCONN;
+  if (err == ENOTCONN)
+    op_lost(op);
+  else if (err)
+    op_fail(op, -err, strerror(err));
+  else
+    op_succeeded(op);
+}
+
+/* Finish the commands libnbd released on this thread. */
+static void drain(void) {
+  struct op *op;
+  while ((op = done_head)) {
+    done_head = op->next;
+    if (!done_head)
+      done_tail = NULL;
+    finish(op);
+  }
+}
+
+static int op_completed(void *user_data, int *error) {
+  struct op *op = user_data;
+  op->completed = true;
+  op->err = *error;
   return 1;
+}
+
+static void op_freed(void *user_data) {
+  struct op *op = user_data;
+  if (op == issuing && !op->completed)
+    return; /* libnbd refused it: the issuing call fails, its caller acts */
+  op->next = NULL;
+  if (done_tail)
+    done_tail->next = op;
+  else
+    done_head = op;
+  done_tail = op;
 }
 
 static int extent_cb(void *user_data, const char *context, uint64_t offset,
                      uint32_t *entries, size_t n, int *error) {
   (void)offset, (void)error;
-  struct bd_req *req = ((struct split *)user_data)->req;
+  struct bd_req *req = ((struct op *)user_data)->req;
   if (strcmp(context, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
     return 0;
   for (size_t i = 0; i + 1 < n; i += 2)
@@ -99,78 +293,651 @@ static int extent_cb(void *user_data, const char *context, uint64_t offset,
   return 0;
 }
 
-static int64_t issue(struct nbddev *n, struct bd_req *req, struct split *s,
-                     uint64_t off, uint64_t len) {
-  nbd_completion_callback cb = {.callback = split_done, .user_data = s};
+/* ---- issuing ---- */
+
+static int64_t issue(struct nbd_handle *h, struct op *op) {
+  struct bd_req *req = op->req;
+  nbd_completion_callback cb = {
+      .callback = op_completed, .user_data = op, .free = op_freed};
   uint32_t fua = (req->flags & BD_F_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
   switch (req->cmd) {
-  case BD_READ: return nbd_aio_pread(n->h, req->buf, len, off, cb, 0);
-  case BD_WRITE: return nbd_aio_pwrite(n->h, req->buf, len, off, cb, fua);
-  case BD_FLUSH: return nbd_aio_flush(n->h, cb, 0);
-  case BD_TRIM: return nbd_aio_trim(n->h, len, off, cb, fua);
-  case BD_CACHE: return nbd_aio_cache(n->h, len, off, cb, 0);
+  case BD_READ: return nbd_aio_pread(h, req->buf, op->len, op->off, cb, 0);
+  case BD_WRITE: return nbd_aio_pwrite(h, req->buf, op->len, op->off, cb, fua);
+  case BD_FLUSH: return nbd_aio_flush(h, cb, 0);
+  case BD_TRIM: return nbd_aio_trim(h, op->len, op->off, cb, fua);
+  case BD_CACHE: return nbd_aio_cache(h, op->len, op->off, cb, 0);
   case BD_ZERO: {
     uint32_t f =
         fua | ((req->flags & BD_F_MAY_TRIM) ? 0 : LIBNBD_CMD_FLAG_NO_HOLE) |
         ((req->flags & BD_F_FAST_ZERO) ? LIBNBD_CMD_FLAG_FAST_ZERO : 0);
-    return nbd_aio_zero(n->h, len, off, cb, f);
+    return nbd_aio_zero(h, op->len, op->off, cb, f);
   }
   case BD_BLOCK_STATUS: {
-    nbd_extent_callback ecb = {.callback = extent_cb, .user_data = s};
+    nbd_extent_callback ecb = {.callback = extent_cb, .user_data = op};
     return nbd_aio_block_status(
-        n->h, len, off, ecb, cb,
+        h, op->len, op->off, ecb, cb,
         (req->flags & BD_F_REQ_ONE) ? LIBNBD_CMD_FLAG_REQ_ONE : 0);
   }
   }
   return -1;
 }
 
-static void nbd_submit(struct bd *bd, struct bd_req *req) {
-  struct nbddev *n = bd->priv;
+/* Each submitting thread has a home connection, dealt round-robin per
+ * device: a thread's requests reach the server in batches on one socket
+ * (the server reads many per system call), and threads spread over the
+ * connections.  Per-request round-robin scattered one thread's stream
+ * and was slower on the 2-core bench. */
+static _Thread_local const struct nbddev *home_dev;
+static _Thread_local unsigned home_slot;
+
+static struct conn *pick(struct nbddev *d) {
+  unsigned n = d->nconns, start = 0;
+  if (n > 1) {
+    if (home_dev != d) {
+      home_dev = d;
+      home_slot = atomic_fetch_add_explicit(&d->rr, 1, memory_order_relaxed);
+    }
+    start = home_slot;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    struct conn *c = &d->conns[(start + i) % n];
+    if (atomic_load(&c->state) == C_UP)
+      return c;
+  }
+  return NULL;
+}
+
+/* Issue OP on C.  False when C turned out to be dead (OP is untouched);
+ * true when OP is in flight or has been failed. */
+static bool try_issue(struct conn *c, struct op *op) {
+  pthread_rwlock_rdlock(&c->lock);
+  if (atomic_load(&c->state) != C_UP) {
+    pthread_rwlock_unlock(&c->lock);
+    return false;
+  }
+  /* The clock of the hang check starts with the first request. */
+  if (atomic_load(&c->inflight) == 0)
+    atomic_store(&c->last_read, now_ms());
+  atomic_fetch_add(&c->inflight, 1);
+  op->c = c;
+  op->completed = false;
+  issuing = op;
+  int64_t r = issue(c->h, op);
+  issuing = NULL;
+  bool more = false, dead = false;
+  int e = 0;
+  if (r >= 0)
+    more = nbd_aio_get_direction(c->h) & LIBNBD_AIO_DIRECTION_WRITE;
+  else {
+    e = nbd_get_errno();
+    dead = nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h);
+  }
+  pthread_rwlock_unlock(&c->lock);
+  if (r >= 0) {
+    /* OP may be finished already: do not touch it. */
+    if (more)
+      wake(c->d);
+    return true;
+  }
+  atomic_fetch_sub(&c->inflight, 1);
+  if (dead) {
+    int up = C_UP;
+    atomic_compare_exchange_strong(&c->state, &up, C_DEAD);
+    wake(c->d);
+    return false;
+  }
+  op_fail(op, -(e > 0 ? e : EIO), nbd_get_error());
+  return true;
+}
+
+static bool any_up(struct nbddev *d) {
+  for (unsigned i = 0; i < d->nconns; i++)
+    if (atomic_load(&d->conns[i].state) == C_UP)
+      return true;
+  return false;
+}
+
+/* Queue OP until a connection is up.  Returns 1 when queued, 0 when a
+ * connection came up meanwhile, or -EIO (with OP failed). */
+static int wait_for_conn(struct op *op) {
+  struct nbddev *d = op->d;
+  const char *why = NULL;
+  int64_t now = now_ms();
+  pthread_mutex_lock(&d->lock);
+  if (d->closing)
+    why = "the device is closing";
+  else if (any_up(d)) {
+    pthread_mutex_unlock(&d->lock);
+    return 0;
+  } else if (op->nowait)
+    why = "not connected to the server";
+  else {
+    if (!op->deadline)
+      op->deadline = d->timeout_ms ? now + d->timeout_ms : INT64_MAX;
+    if (op->deadline <= now)
+      why = "no connection to the server within the timeout";
+  }
+  if (!why) {
+    op->next = NULL;
+    if (d->wait_tail)
+      d->wait_tail->next = op;
+    else
+      d->wait_head = op;
+    d->wait_tail = op;
+  }
+  pthread_mutex_unlock(&d->lock);
+  if (why) {
+    op_fail(op, -EIO, why);
+    return -EIO;
+  }
+  wake(d);
+  return 1;
+}
+
+/* Send OP on a connection that is up, or queue it until one is. */
+static void dispatch(struct op *op) {
+  for (;;) {
+    struct conn *c = pick(op->d);
+    if (c) {
+      if (try_issue(c, op))
+        return;
+    } else if (wait_for_conn(op) != 0) {
+      return;
+    }
+  }
+}
+
+/* Requests the server cannot take, answered here: trim and cache are
+ * advisory, a flush without a write cache has nothing to do, block status
+ * without the context is "all data", and empty requests are done.
+ * Returns true with *ERR set when answered. */
+static bool answer_locally(struct nbddev *d, struct bd_req *req, int *err) {
+  *err = 0;
+  switch (req->cmd) {
+  case BD_FLUSH: return !d->can_flush;
+  case BD_TRIM: return !d->can_trim || req->length == 0;
+  case BD_CACHE: return !d->can_cache || req->length == 0;
+  case BD_BLOCK_STATUS:
+    if (d->can_extents && req->length > 0)
+      return false;
+    if (req->length > 0 && bd_extents_add(req->extents, req->length, 0, 1) < 0)
+      *err = -ENOMEM;
+    return true;
+  default: return req->length == 0;
+  }
+}
+
+static struct op *new_op(struct nbddev *d, struct bd_req *req, struct split *s,
+                         uint64_t off, uint64_t len) {
+  struct op *op = calloc(1, sizeof *op);
+  if (!op)
+    return NULL;
+  *op = (struct op){.d = d, .req = req, .split = s, .off = off, .len = len};
+  if (req->cmd == BD_FLUSH)
+    op->gen = atomic_load(&d->write_gen);
+  if (req->cmd == BD_BLOCK_STATUS) {
+    op->ext_n = req->extents->n;
+    op->ext_end = req->extents->end;
+  }
+  return op;
+}
+
+/* Trim and zero above NBD_CHUNK go as several commands. */
+static void submit_split(struct nbddev *d, struct bd_req *req) {
   uint64_t len = req->length, off = req->offset;
-  /* Block status may answer short: ask for at most one chunk. */
-  if (req->cmd == BD_BLOCK_STATUS && len > NBD_CHUNK)
-    len = NBD_CHUNK;
-  bool splittable = req->cmd == BD_TRIM || req->cmd == BD_ZERO;
-  unsigned pieces =
-      splittable ? (unsigned)((len + NBD_CHUNK - 1) / NBD_CHUNK) : 1;
+  unsigned pieces = (unsigned)((len + NBD_CHUNK - 1) / NBD_CHUNK);
   struct split *s = calloc(1, sizeof *s);
   if (!s) {
     bd_complete(req, -ENOMEM);
     return;
   }
   s->req = req;
-  atomic_init(&s->pending, (int)(pieces ? pieces : 1));
+  atomic_init(&s->pending, (int)pieces);
   atomic_init(&s->err, 0);
-  for (unsigned i = 0; i < (pieces ? pieces : 1); i++) {
-    uint64_t l = splittable && len - (uint64_t)i * NBD_CHUNK > NBD_CHUNK
-                     ? NBD_CHUNK
-                     : len - (uint64_t)i * (splittable ? NBD_CHUNK : 0);
-    if (issue(n, req, s, off + (uint64_t)i * NBD_CHUNK, l) < 0) {
-      /* libnbd did not take the command: count it as done, failed. */
-      int e = nbd_get_errno();
-      bd_set_error("nbd %s: %s", n->uri, nbd_get_error());
-      int err = e ? e : EIO;
-      split_done(s, &err);
+  for (unsigned i = 0; i < pieces; i++) {
+    uint64_t o = (uint64_t)i * NBD_CHUNK;
+    uint64_t l = len - o < NBD_CHUNK ? len - o : NBD_CHUNK;
+    struct op *op = new_op(d, req, s, off + o, l);
+    if (op) {
+      dispatch(op);
+    } else {
+      bd_set_error("nbd %s: out of memory", d->uri);
+      piece_done(s, -ENOMEM);
     }
   }
-  wake(n);
+}
+
+static void submit_req(struct nbddev *d, struct bd_req *req, bool nowait) {
+  int err;
+  if (answer_locally(d, req, &err)) {
+    bd_complete(req, err);
+    return;
+  }
+  uint64_t len = req->length;
+  if ((req->cmd == BD_TRIM || req->cmd == BD_ZERO) && len > NBD_CHUNK) {
+    submit_split(d, req);
+    drain();
+    return;
+  }
+  /* Block status may answer short: ask for at most one chunk. */
+  if (req->cmd == BD_BLOCK_STATUS && len > NBD_CHUNK)
+    len = NBD_CHUNK;
+  struct op *op = new_op(d, req, NULL, req->offset, len);
+  if (!op) {
+    bd_set_error("nbd %s: out of memory", d->uri);
+    bd_complete(req, -ENOMEM);
+    return;
+  }
+  op->nowait = nowait;
+  dispatch(op);
+  drain();
+}
+
+static void nbd_submit(struct bd *bd, struct bd_req *req) {
+  submit_req(bd->priv, req, false);
+}
+
+/* ---- connections ---- */
+
+static struct nbd_handle *new_handle(void) {
+  struct nbd_handle *h = nbd_create();
+  if (!h)
+    return NULL;
+  nbd_set_pread_initialize(h, false); /* buffers are ours, unread on error */
+  nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
+  return h;
+}
+
+static void schedule_retry(struct conn *c, int64_t now) {
+  c->due = now + c->backoff;
+  c->backoff = c->backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : c->backoff * 2;
+}
+
+/* Swap the handle out under the write lock, so no submitter is using it,
+ * and close it: commands still queued in it come back through op_freed. */
+static void drop_handle(struct conn *c) {
+  pthread_rwlock_wrlock(&c->lock);
+  struct nbd_handle *h = c->h;
+  c->h = NULL;
+  pthread_rwlock_unlock(&c->lock);
+  nbd_close(h);
+}
+
+static void conn_lost(struct conn *c, int64_t now, const char *why) {
+  struct nbddev *d = c->d;
+  atomic_store(&c->state, C_DOWN);
+  pthread_mutex_lock(&d->lock);
+  bool closing = d->closing;
+  bool unflushed = atomic_load(&d->write_gen) != d->flushed_gen;
+  pthread_mutex_unlock(&d->lock);
+  drop_handle(c);
+  c->failures = 0;
+  c->lost = true;
+  c->backoff = RETRY_MIN_MS;
+  c->due = now; /* try at once: the server may only have dropped us */
+  if (closing)
+    return; /* the server hung up after our goodbye */
+  log_warn("nbd %s: connection %u lost: %s", d->uri, c->idx, why);
+  if (unflushed && !atomic_exchange(&d->writes_lost, true))
+    log_warn("nbd %s: writes since the last flush may be lost; the next "
+             "flush will fail",
+             d->uri);
+  if (!any_up(d) && d->timeout_ms)
+    log_warn("nbd %s: no connection left; requests wait up to %lld s for one",
+             d->uri, (long long)d->timeout_ms / 1000);
+  else if (!any_up(d))
+    log_warn("nbd %s: no connection left; requests wait for one", d->uri);
+}
+
+static void connect_failed(struct conn *c, int64_t now, const char *why) {
+  if (c->failures++ == 0)
+    log_info("nbd %s: reconnecting connection %u: %s", c->d->uri, c->idx, why);
+  if (c->h)
+    drop_handle(c);
+  atomic_store(&c->state, C_DOWN);
+  schedule_retry(c, now);
+}
+
+static void start_connect(struct conn *c, int64_t now) {
+  struct nbd_handle *h = new_handle();
+  if (!h) {
+    connect_failed(c, now, "cannot create a libnbd handle");
+    return;
+  }
+  pthread_rwlock_wrlock(&c->lock);
+  c->h = h;
+  pthread_rwlock_unlock(&c->lock);
+  atomic_store(&c->state, C_CONNECTING);
+  c->due = now + CONNECT_MAX_MS;
+  if (nbd_aio_connect_uri(h, c->d->uri) < 0 || nbd_aio_is_dead(h) ||
+      nbd_aio_is_closed(h))
+    connect_failed(c, now, nbd_get_error());
+}
+
+/* Move the requests that wait for a connection to C, now up. */
+static void conn_up(struct conn *c) {
+  struct nbddev *d = c->d;
+  atomic_store(&c->last_read, now_ms());
+  pthread_mutex_lock(&d->lock);
+  atomic_store(&c->state, C_UP);
+  struct op *op = d->wait_head;
+  d->wait_head = d->wait_tail = NULL;
+  pthread_mutex_unlock(&d->lock);
+  d->bad_size = 0;
+  log_info("nbd %s: connection %u %s", d->uri, c->idx,
+           c->lost ? "re-established" : "up");
+  c->failures = 0;
+  c->lost = false;
+  while (op) {
+    struct op *next = op->next;
+    dispatch(op);
+    op = next;
+  }
+}
+
+/* The handshake advanced: done, failed, or still going. */
+static void connect_progress(struct conn *c, int64_t now, const char *why) {
+  struct nbd_handle *h = c->h;
+  if (nbd_aio_is_connecting(h) && now < c->due)
+    return;
+  if (!nbd_aio_is_ready(h)) {
+    connect_failed(c, now,
+                   nbd_aio_is_connecting(h) ? "handshake timed out" : why);
+    return;
+  }
+  int64_t size = nbd_get_size(h);
+  if (size != (int64_t)c->d->size) {
+    if (size != c->d->bad_size)
+      log_error("nbd %s: the export is now %lld bytes, was %llu: refusing "
+                "it until it is the same again",
+                c->d->uri, (long long)size, (unsigned long long)c->d->size);
+    c->d->bad_size = size; /* log each wrong size once */
+    c->failures++;
+    drop_handle(c);
+    atomic_store(&c->state, C_DOWN);
+    schedule_retry(c, now);
+    return;
+  }
+  conn_up(c);
+}
+
+/* ---- the event thread ---- */
+
+static bool is_closing(struct nbddev *d) {
+  pthread_mutex_lock(&d->lock);
+  bool r = d->closing;
+  pthread_mutex_unlock(&d->lock);
+  return r;
+}
+
+/* Fail the waiting requests whose time is up (all of them when closing). */
+static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
+  struct op *expired = NULL, **pp;
+  pthread_mutex_lock(&d->lock);
+  bool closing = d->closing;
+  for (pp = &d->wait_head; *pp;) {
+    struct op *op = *pp;
+    if (closing || op->deadline <= now) {
+      *pp = op->next;
+      op->next = expired;
+      expired = op;
+    } else {
+      if (op->deadline < *next)
+        *next = op->deadline;
+      pp = &op->next;
+    }
+  }
+  d->wait_tail = NULL;
+  for (struct op *op = d->wait_head; op; op = op->next)
+    d->wait_tail = op;
+  bool waiting = d->wait_head != NULL;
+  pthread_mutex_unlock(&d->lock);
+  while (expired) {
+    struct op *op = expired;
+    expired = op->next;
+    op_fail(op, -EIO,
+            closing ? "the device is closing"
+                    : "no connection to the server within the timeout");
+  }
+  /* Requests are waiting: retry a lost server often. */
+  if (waiting)
+    for (unsigned i = 0; i < d->nconns; i++)
+      if (atomic_load(&d->conns[i].state) == C_DOWN &&
+          d->conns[i].due > now + RETRY_MIN_MS)
+        d->conns[i].due = now + RETRY_MIN_MS;
+}
+
+/* A connection with requests in flight that heard nothing for the
+ * timeout is dropped: its server is gone or stuck. */
+static void check_hung(struct conn *c, int64_t now, int64_t *next) {
+  int64_t t = c->d->timeout_ms;
+  if (!t || atomic_load(&c->inflight) == 0)
+    return;
+  int64_t since = atomic_load(&c->last_read);
+  if (now - since >= t) {
+    log_warn("nbd %s: connection %u: no reply for %lld s; dropping it",
+             c->d->uri, c->idx, (long long)t / 1000);
+    int fd = nbd_aio_get_fd(c->h);
+    if (fd >= 0)
+      shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */
+    *next = now;
+  } else if (since + t < *next) {
+    *next = since + t;
+  }
+}
+
+/* Timers: reconnection, handshake deadlines, waiters, hangs.  Returns
+ * the poll timeout in ms. */
+static int housekeeping(struct nbddev *d, int64_t now, bool closing) {
+  int64_t next = INT64_MAX;
+  expire_waiters(d, now, &next);
+  for (unsigned i = 0; i < d->nconns; i++) {
+    struct conn *c = &d->conns[i];
+    int st = atomic_load(&c->state);
+    if (st == C_DEAD ||
+        (st == C_UP && (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))) {
+      conn_lost(c, now, "the server closed the connection");
+      st = C_DOWN;
+    }
+    if (st == C_CONNECTING && closing) {
+      drop_handle(c); /* abandon the handshake */
+      atomic_store(&c->state, C_DOWN);
+    } else if (st == C_CONNECTING && now >= c->due) {
+      connect_progress(c, now, "handshake timed out");
+    }
+    if (st == C_DOWN && !closing && now >= c->due)
+      start_connect(c, now);
+    st = atomic_load(&c->state);
+    if (st == C_UP && !closing)
+      check_hung(c, now, &next);
+    if ((st == C_DOWN || st == C_CONNECTING) && !closing && c->due < next)
+      next = c->due;
+  }
+  drain();
+  /* Submitters do not wake this thread for a first request in flight, so
+   * the hang check runs on a tick. */
+  int64_t tick = d->timeout_ms / 4 < 1000 ? d->timeout_ms / 4 : 1000;
+  if (d->timeout_ms && !closing && now + tick < next)
+    next = now + tick;
+  if (next == INT64_MAX)
+    return -1;
+  return next <= now ? 0 : next - now > 60000 ? 60000 : (int)(next - now);
+}
+
+static void service(struct conn *c, short revents, int64_t now) {
+  struct nbd_handle *h = c->h;
+  unsigned dir = nbd_aio_get_direction(h);
+  char why[256] = "the server closed the connection";
+  int r = 0;
+  atomic_store(&c->last_read, now); /* progress either way */
+  if ((revents & (POLLIN | POLLHUP | POLLERR)) &&
+      (dir & LIBNBD_AIO_DIRECTION_READ)) {
+    r = nbd_aio_notify_read(h);
+    dir = nbd_aio_get_direction(h);
+  }
+  /* A submitter may have finished the send meanwhile: re-check. */
+  if (r == 0 && (revents & (POLLOUT | POLLHUP | POLLERR)) &&
+      (dir & LIBNBD_AIO_DIRECTION_WRITE))
+    r = nbd_aio_notify_write(h);
+  /* -1 may also be a benign race on the state; only death counts. */
+  if (r < 0 && nbd_get_error())
+    snprintf(why, sizeof why, "%s", nbd_get_error());
+  if (atomic_load(&c->state) == C_CONNECTING)
+    connect_progress(c, now, why);
+  else if (nbd_aio_is_dead(h) || nbd_aio_is_closed(h))
+    conn_lost(c, now, why);
+}
+
+/* Closing: once nothing is in flight, say goodbye on every connection;
+ * done when every server hung up or the grace time is over. */
+static bool close_done(struct nbddev *d, int64_t now, int64_t since,
+                       int64_t *disc_at) {
+  bool busy = false, open = false;
+  for (unsigned i = 0; i < d->nconns; i++) {
+    struct conn *c = &d->conns[i];
+    if (atomic_load(&c->state) != C_UP)
+      continue;
+    if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h))
+      continue;
+    open = true;
+    if (atomic_load(&c->inflight) > 0) {
+      busy = true;
+    } else if (!c->disc_sent) {
+      c->disc_sent = true;
+      nbd_aio_disconnect(c->h, 0);
+    }
+  }
+  if (!busy && !*disc_at)
+    *disc_at = now;
+  return !open || (busy && now - since >= CLOSE_BUSY_MS) ||
+         (*disc_at && now - *disc_at >= CLOSE_DISC_MS);
+}
+
+static int build_pollfds(struct nbddev *d, struct pollfd *p, struct conn **pc) {
+  int np = 0;
+  for (unsigned i = 0; i < d->nconns; i++) {
+    struct conn *c = &d->conns[i];
+    int st = atomic_load(&c->state);
+    if (st != C_UP && st != C_CONNECTING)
+      continue;
+    int fd = nbd_aio_get_fd(c->h);
+    unsigned dir = nbd_aio_get_direction(c->h);
+    if (fd < 0 || !dir)
+      continue;
+    p[np] = (struct pollfd){
+        .fd = fd,
+        .events = (short)(((dir & LIBNBD_AIO_DIRECTION_READ) ? POLLIN : 0) |
+                          ((dir & LIBNBD_AIO_DIRECTION_WRITE) ? POLLOUT : 0))};
+    pc[np++] = c;
+  }
+  return np;
+}
+
+static void *event_loop(void *arg) {
+  struct nbddev *d = arg;
+  int64_t close_since = 0, disc_at = 0;
+  for (;;) {
+    int64_t now = now_ms();
+    bool closing = is_closing(d);
+    if (closing && !close_since)
+      close_since = now;
+    int timeout = housekeeping(d, now, closing);
+    if (closing) {
+      if (close_done(d, now, close_since, &disc_at))
+        break;
+      timeout = 50;
+    }
+    struct pollfd p[MAX_CONNS + 1];
+    struct conn *pc[MAX_CONNS];
+    int np = build_pollfds(d, p, pc);
+    p[np] = (struct pollfd){.fd = d->wakefd, .events = POLLIN};
+    if (poll(p, (nfds_t)np + 1, timeout) < 0)
+      continue; /* EINTR; nothing else can fail on valid fds */
+    if (p[np].revents & POLLIN) {
+      uint64_t v;
+      ssize_t r = read(d->wakefd, &v, sizeof v);
+      (void)r;
+    }
+    now = now_ms();
+    for (int i = 0; i < np; i++)
+      if (p[i].revents)
+        service(pc[i], p[i].revents, now);
+    drain();
+  }
+  return NULL;
+}
+
+/* ---- opening and closing ---- */
+
+/* bd_close() flushes through here.  A flush with nothing to flush is
+ * skipped; with no connection up, it fails at once rather than waiting
+ * for the server to come back. */
+struct sync_flush {
+  struct bd_req req; /* first: done() finds the rest */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool done;
+  int err;
+};
+
+static void sync_flush_done(struct bd_req *req, int err) {
+  struct sync_flush *s = (struct sync_flush *)req;
+  pthread_mutex_lock(&s->lock);
+  s->done = true;
+  s->err = err;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+static int nbd_flush_sync(struct bd *bd) {
+  struct nbddev *d = bd->priv;
+  pthread_mutex_lock(&d->lock);
+  bool clean = atomic_load(&d->write_gen) == d->flushed_gen;
+  pthread_mutex_unlock(&d->lock);
+  if (clean && !atomic_load(&d->writes_lost))
+    return 0;
+  struct sync_flush s = {.req = {.cmd = BD_FLUSH, .done = sync_flush_done},
+                         .lock = PTHREAD_MUTEX_INITIALIZER,
+                         .cond = PTHREAD_COND_INITIALIZER};
+  s.req.bd = bd;
+  submit_req(d, &s.req, true);
+  pthread_mutex_lock(&s.lock);
+  while (!s.done)
+    pthread_cond_wait(&s.cond, &s.lock);
+  pthread_mutex_unlock(&s.lock);
+  return s.err;
+}
+
+static void free_dev(struct nbddev *d) {
+  d->closing = true; /* the event thread is gone or never started */
+  for (unsigned i = 0; i < MAX_CONNS; i++)
+    atomic_store(&d->conns[i].state, C_DOWN);
+  for (unsigned i = 0; i < MAX_CONNS; i++) {
+    if (d->conns[i].h)
+      drop_handle(&d->conns[i]);
+    pthread_rwlock_destroy(&d->conns[i].lock);
+  }
+  drain(); /* commands closed with their handles fail here */
+  if (d->wakefd >= 0)
+    close(d->wakefd);
+  pthread_mutex_destroy(&d->lock);
+  free(d->uri);
+  free(d);
 }
 
 static void nbd_close_dev(struct bd *bd) {
-  struct nbddev *n = bd->priv;
-  nbd_shutdown(n->h, 0);
-  atomic_store(&n->stop, true);
-  wake(n);
-  pthread_join(n->thread, NULL);
-  nbd_close(n->h);
-  close(n->wakefd);
-  free(n->uri);
-  free(n);
+  struct nbddev *d = bd->priv;
+  pthread_mutex_lock(&d->lock);
+  d->closing = true;
+  pthread_mutex_unlock(&d->lock);
+  wake(d);
+  pthread_join(d->thread, NULL);
+  free_dev(d);
 }
 
 static const struct bd_ops nbd_ops = {
     .name = "nbd",
+    .flush = nbd_flush_sync,
     .submit = nbd_submit,
     .close = nbd_close_dev,
 };
@@ -180,18 +947,22 @@ bool nbd_is_uri(const char *spec) {
          !strncmp(spec, "nbds://", 7) || !strncmp(spec, "nbds+unix://", 12);
 }
 
-static void set_caps(struct bd *bd, struct nbd_handle *h, bool readonly) {
+static void set_caps(struct bd *bd, struct nbddev *d, struct nbd_handle *h,
+                     bool readonly) {
   struct bd_caps *c = &bd->caps;
   c->readonly = readonly || nbd_is_read_only(h) == 1;
-  c->can_flush = nbd_can_flush(h) == 1;
+  c->can_flush = d->can_flush = nbd_can_flush(h) == 1;
   c->can_fua = nbd_can_fua(h) == 1;
   c->native_fua = c->can_fua;
-  c->can_trim = nbd_can_trim(h) == 1;
+  c->can_trim = d->can_trim = nbd_can_trim(h) == 1;
   c->can_zero = nbd_can_zero(h) == 1;
   c->can_fast_zero = nbd_can_fast_zero(h) == 1;
-  c->can_cache = nbd_can_cache(h) == 1;
-  c->can_extents = nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-  c->multi_conn = nbd_can_multi_conn(h) == 1;
+  c->can_cache = d->can_cache = nbd_can_cache(h) == 1;
+  c->can_extents = d->can_extents =
+      nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+  /* Every user of this device shares its connections, and a flush on one
+   * of them covers the others (one connection, or a multi-conn server). */
+  c->multi_conn = true;
   int64_t pref = nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
   int64_t max = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
   int64_t min = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
@@ -200,46 +971,120 @@ static void set_caps(struct bd *bd, struct nbd_handle *h, bool readonly) {
   c->max_block = max > 0 && max < BD_MAX_IO ? (uint32_t)max : BD_MAX_IO;
 }
 
+/* How many connections: see nbd_source_connections in formats.h. */
+static unsigned conn_count(struct nbddev *d, struct nbd_handle *h) {
+  bool multi = nbd_can_multi_conn(h) == 1;
+  unsigned want = nbd_source_connections;
+  if (want > MAX_CONNS)
+    want = MAX_CONNS;
+  if (want == 0)
+    return multi ? AUTO_CONNS : 1;
+  if (want > 1 && !multi) {
+    log_warn("nbd %s: the server does not advertise multi-conn; using one "
+             "connection instead of %u",
+             d->uri, want);
+    return 1;
+  }
+  return want;
+}
+
+static struct nbddev *new_dev(const char *uri) {
+  struct nbddev *d = calloc(1, sizeof *d);
+  if (!d)
+    return NULL;
+  d->wakefd = -1;
+  pthread_mutex_init(&d->lock, NULL);
+  for (unsigned i = 0; i < MAX_CONNS; i++) {
+    struct conn *c = &d->conns[i];
+    c->d = d;
+    c->idx = i;
+    c->backoff = RETRY_MIN_MS;
+    pthread_rwlock_init(&c->lock, NULL);
+  }
+  d->timeout_ms = (int64_t)nbd_source_timeout * 1000;
+  if (!(d->uri = strdup(uri)) ||
+      (d->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
+    free_dev(d);
+    return NULL;
+  }
+  return d;
+}
+
+/* The first connection, made in the caller's thread so that an error
+ * reaches it; it fixes the size and capabilities. */
+static int connect_first(struct nbddev *d) {
+  struct nbd_handle *h = new_handle();
+  if (!h) {
+    bd_set_error("nbd %s: cannot set up: %s", d->uri, nbd_get_error());
+    return -1;
+  }
+  d->conns[0].h = h;
+  if (nbd_connect_uri(h, d->uri) < 0) {
+    bd_set_error("nbd %s: %s", d->uri, nbd_get_error());
+    return -1;
+  }
+  int64_t size = nbd_get_size(h);
+  if (size < 0) {
+    bd_set_error("nbd %s: %s", d->uri, nbd_get_error());
+    return -1;
+  }
+  d->size = (uint64_t)size;
+  atomic_store(&d->conns[0].state, C_UP);
+  return 0;
+}
+
+/* The others: one that fails is left to the event thread to retry. */
+static void connect_rest(struct nbddev *d) {
+  for (unsigned i = 1; i < d->nconns; i++) {
+    struct conn *c = &d->conns[i];
+    struct nbd_handle *h = new_handle();
+    const char *why = "cannot create a libnbd handle";
+    if (h && nbd_connect_uri(h, d->uri) < 0)
+      why = nbd_get_error();
+    else if (h && nbd_get_size(h) != (int64_t)d->size)
+      why = "the export changed size";
+    else if (h) {
+      c->h = h;
+      atomic_store(&c->state, C_UP);
+      continue;
+    }
+    log_warn("nbd %s: connection %u: %s; retrying", d->uri, i, why);
+    nbd_close(h);
+    c->due = now_ms() + RETRY_MIN_MS;
+  }
+}
+
 struct bd *nbd_source_open(const char *uri, bool readonly) {
-  struct nbddev *n = calloc(1, sizeof *n);
+  struct nbddev *d = new_dev(uri);
   struct bd *bd = NULL;
-  if (!n || !(n->uri = strdup(uri)) || !(n->h = nbd_create()) ||
-      (n->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
-    bd_set_error("nbd %s: cannot set up: %s", uri,
-                 n && n->h ? nbd_get_error() : "out of memory");
+  if (!d) {
+    bd_set_error("nbd %s: cannot set up: out of memory", uri);
+    return NULL;
+  }
+  if (connect_first(d) < 0)
+    goto fail;
+  if (!(bd = bd_new(&nbd_ops, "nbd", uri))) {
+    bd_set_error("nbd %s: out of memory", uri);
     goto fail;
   }
-  nbd_add_meta_context(n->h, LIBNBD_CONTEXT_BASE_ALLOCATION);
-  if (nbd_connect_uri(n->h, uri) < 0) {
-    bd_set_error("nbd %s: %s", uri, nbd_get_error());
-    goto fail;
-  }
-  int64_t size = nbd_get_size(n->h);
-  if (size < 0 || !(bd = bd_new(&nbd_ops, "nbd", uri))) {
-    bd_set_error("nbd %s: %s", uri, size < 0 ? nbd_get_error() : "no memory");
-    goto fail;
-  }
-  atomic_init(&n->stop, false);
-  if (pthread_create(&n->thread, NULL, event_loop, n) != 0) {
+  set_caps(bd, d, d->conns[0].h, readonly);
+  d->nconns = conn_count(d, d->conns[0].h);
+  connect_rest(d);
+  if (pthread_create(&d->thread, NULL, event_loop, d) != 0) {
     bd_set_error("nbd %s: cannot start its event thread", uri);
     goto fail;
   }
-  bd->priv = n;
-  bd->size = (uint64_t)size;
+  if (d->nconns > 1)
+    log_debug("nbd %s: %u connections", uri, d->nconns);
+  bd->priv = d;
+  bd->size = d->size;
   bd->exec = BD_EXEC_ASYNC;
-  set_caps(bd, n->h, readonly);
   return bd;
 fail:
   if (bd) {
     bd->ops = &(const struct bd_ops){.name = "nbd"};
     bd_close(bd);
   }
-  if (n) {
-    nbd_close(n->h);
-    if (n->wakefd > 0)
-      close(n->wakefd);
-    free(n->uri);
-    free(n);
-  }
+  free_dev(d);
   return NULL;
 }
