@@ -13,6 +13,7 @@ static const struct command {
 } commands[] = {
     {"serve", serve_main, "serve images over NBD"},
     {"mount", mount_main, "mount an image or NBD export as a file (FUSE)"},
+    {"vhost", vhost_main, "serve an image to QEMU as vhost-user-blk"},
     /* Image tools: keep in the order `qemu-img` users know. */
     {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
     {"create", create_main, "create a raw or qcow2 image"},

@@ -1,0 +1,358 @@
+#!/usr/bin/python3
+"""blockport vhost without a VM: a vhost-user front end and guest driver in
+Python (vhostuser.py) against the real binary.
+
+Run:  BLOCKPORT=/path/to/blockport /usr/bin/python3 test-vhost.py [CASE...]
+
+Each case starts `blockport vhost` on a socket in a temporary directory
+(sources: memory:, or an NBD URI served by `blockport serve` or nbdkit),
+negotiates as QEMU does, pushes virtio-blk requests through a ring in
+memfd guest memory, and stops the back end with SIGTERM, expecting exit
+status 0.  Prints "ok NAME" / "FAIL NAME: why" / "skip NAME: why" per
+case.  Exit status: 0 all passed, 1 any failure, 77 when BLOCKPORT is
+unusable.
+"""
+
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import vhostuser as vu  # noqa: E402
+from vhostuser import (  # noqa: E402
+    BlkDriver, Frontend, Guest, Queue, S_IOERR, S_OK, S_UNSUPP, T_DISCARD,
+    T_FLUSH, T_GET_ID, T_IN, T_OUT, T_WRITE_ZEROES)
+
+BLOCKPORT = os.environ.get("BLOCKPORT", "")
+MiB = 1 << 20
+
+
+class Failure(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Failure(msg)
+
+
+def eq(got, want, what):
+    if got != want:
+        raise Failure("%s: got %r, want %r" % (what, got, want))
+
+
+class Env:
+    """Processes and files of one case, cleaned up whatever happens."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="bp-vhost-")
+        self.procs = []
+        self.closers = []
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def start(self, argv, ready_path, name):
+        log = open(self.path(name + ".log"), "w")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        p.log_path = self.path(name + ".log")
+        self.procs.append(p)
+        deadline = time.time() + 20
+        while not os.path.exists(ready_path):
+            if p.poll() is not None or time.time() > deadline:
+                raise Failure("%s did not start: %s" % (name, self.log(p)))
+            time.sleep(0.02)
+        return p
+
+    def log(self, p):
+        with open(p.log_path) as f:
+            return f.read()[-2000:]
+
+    def vhost(self, source, *opts, name="vhost"):
+        sock, pid = self.path(name + ".sock"), self.path(name + ".pid")
+        if os.path.exists(pid):
+            os.unlink(pid)
+        p = self.start([BLOCKPORT, "vhost", "--socket", sock, "--pid-file",
+                        pid, *opts, source], pid, name)
+        p.sock = sock
+        return p
+
+    def nbd_serve(self, *args):
+        sock, pid = self.path("nbd.sock"), self.path("nbd.pid")
+        self.start([BLOCKPORT, "serve", "--unix", sock, "--pid-file", pid,
+                    *args], pid, "serve")
+        return "nbd+unix:///?socket=" + sock
+
+    def stop(self, p, want=0):
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise Failure("no exit 30 s after SIGTERM: " + self.log(p))
+        if want is not None and rc != want:
+            raise Failure("exit status %d: %s" % (rc, self.log(p)))
+
+    def cleanup(self):
+        for c in reversed(self.closers):
+            try:
+                c()
+            except Exception:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def session(env, sock, num=128, guest=None, queue=None, inflight=None,
+            new_inflight=False, base=0):
+    """Connect, negotiate, share memory, start queue 0, as QEMU does.
+    GUEST and QUEUE continue a previous session's (a reconnect);
+    INFLIGHT is a region to hand back, NEW_INFLIGHT asks for one."""
+    fe = Frontend(sock)
+    env.closers.append(fe.close)
+    features = fe.negotiate()
+    fe.set_u64(vu.SET_FEATURES, features)
+    if new_inflight:
+        inflight = fe.get_inflight(1, num) + (1, num)
+        env.closers.append(lambda: os.close(inflight[0]))
+    if inflight is not None:
+        fe.set_inflight(*inflight)
+    g = guest
+    if g is None:
+        g = Guest()
+        env.closers.append(g.close)
+    q = queue
+    if q is None:
+        q = Queue(g, 0, num)
+        env.closers.append(q.close)
+    fe.set_mem_table(g)
+    fe.start_queue(q, features, base=base)
+    fe.inflight = inflight
+    return fe, g, q, BlkDriver(q), features
+
+
+def pattern(n, seed):
+    r = random.Random(seed)
+    return bytes(r.getrandbits(8) for _ in range(n))
+
+
+# ---- cases ----
+
+def case_negotiation_and_config(env):
+    p = env.vhost("memory:64M", "--queues", "4", "--serial", "disk-42")
+    fe = Frontend(p.sock)
+    env.closers.append(fe.close)
+    f = fe.negotiate()
+    for bit, name in [(vu.F_VERSION_1, "VERSION_1"),
+                      (vu.F_INDIRECT, "INDIRECT_DESC"),
+                      (vu.F_EVENT_IDX, "EVENT_IDX"),
+                      (1 << vu.BLK_F_FLUSH, "FLUSH"),
+                      (1 << vu.BLK_F_DISCARD, "DISCARD"),
+                      (1 << vu.BLK_F_WRITE_ZEROES, "WRITE_ZEROES")]:
+        check(f & bit, "feature %s missing" % name)
+    check(not f & (1 << vu.BLK_F_RO), "RO offered on a writable disk")
+    want = vu.P_MQ | vu.P_REPLY_ACK | vu.P_CONFIG | vu.P_INFLIGHT
+    eq(fe.backend_protocol & want, want, "protocol features")
+    eq(fe.queues, 4, "GET_QUEUE_NUM")
+    cfg = fe.config()
+    eq(struct.unpack_from("<Q", cfg)[0], 64 * MiB // 512, "capacity")
+    eq(struct.unpack_from("<I", cfg, 20)[0], 512, "blk_size")
+    eq(struct.unpack_from("<H", cfg, 34)[0], 4, "num_queues")
+    eq(fe.config(4, 20), cfg[20:24], "a config read at an offset")
+    fe.close()
+    env.stop(p)
+
+
+def case_read_write_across_regions(env):
+    p = env.vhost("memory:64M", "--serial", "disk-42")
+    fe, g, q, blk, _ = session(env, p.sock)
+    data = pattern(8192, 1)
+    cross = 4 * MiB - 3000  # the buffer spans regions 0 and 1
+    eq(blk.run(0, T_OUT, 2048, data=data, buf=cross), (S_OK, 1), "write")
+    g.write(cross, bytes(8192))
+    eq(blk.run(1, T_IN, 2048, nbytes=8192, buf=cross), (S_OK, 8193), "read")
+    eq(g.read(cross, 8192), data, "data read back")
+    # The same through the high region, one piece.
+    high = 0x100000000 + 4096
+    eq(blk.run(2, T_IN, 2048, nbytes=8192, buf=high)[0], S_OK, "read high")
+    eq(g.read_fast(high, 8192), data, "data read back (high region)")
+    status, n = blk.run(3, T_GET_ID, 0, nbytes=20)
+    eq((status, n), (S_OK, 21), "GET_ID")
+    eq(g.read_fast(blk.slot_data(3), 20), b"disk-42".ljust(20, b"\0"),
+       "serial")
+    eq(blk.run(4, T_FLUSH, 0)[0], S_OK, "flush")
+    eq(blk.run(5, T_IN, 64 * MiB // 512, nbytes=512)[0], S_IOERR,
+       "read past the end")
+    eq(blk.run(6, 0x77, 0, nbytes=512)[0], S_UNSUPP, "unknown type")
+    rng = struct.pack("<QII", 2048 + 8, 4, 1)  # 2 KiB, unmap allowed
+    eq(blk.run(7, T_WRITE_ZEROES, 0, data=rng)[0], S_OK, "write zeroes")
+    eq(blk.run(8, T_IN, 2048, nbytes=8192)[0], S_OK, "read after zeroes")
+    got = g.read_fast(blk.slot_data(8), 8192)
+    eq(got, data[:4096] + bytes(2048) + data[6144:], "zeroed range")
+    rng = struct.pack("<QII", 0, 16, 0)
+    eq(blk.run(9, T_DISCARD, 0, data=rng)[0], S_OK, "discard")
+    fe.close()
+    env.stop(p)
+
+
+def case_queue_depth_over_nbd(env):
+    uri = env.nbd_serve("memory:64M")
+    p = env.vhost(uri, "--connections", "2")
+    fe, g, q, blk, _ = session(env, p.sock, num=256)
+    depth, size = 64, 4096
+    blocks = [pattern(size, 100 + i) for i in range(depth)]
+    for i in range(depth):  # all offered before one kick
+        blk.submit(i, T_OUT, i * 16, data=blocks[i], kick=False)
+    os.eventfd_write(q.kick, 1)
+    used = q.reap(depth)
+    eq(sorted(u[0] for u in used), list(range(depth)), "write heads")
+    check(all(blk.status(i) == S_OK for i in range(depth)), "write status")
+    for i in range(depth):
+        g.write_fast(blk.slot_data(i), bytes(size))
+        blk.submit(i, T_IN, i * 16, nbytes=size, kick=False)
+    os.eventfd_write(q.kick, 1)
+    used = q.reap(depth)
+    eq(sorted(u[0] for u in used), list(range(depth)), "read heads")
+    for i in range(depth):
+        eq(blk.status(i), S_OK, "read %d status" % i)
+        if g.read_fast(blk.slot_data(i), size) != blocks[i]:
+            raise Failure("read %d returned other data" % i)
+    fe.close()
+    env.stop(p)
+
+
+def case_readonly(env):
+    p = env.vhost("memory:1M", "--readonly")
+    fe, g, q, blk, f = session(env, p.sock)
+    check(f & (1 << vu.BLK_F_RO), "RO not offered")
+    check(not f & (1 << vu.BLK_F_WRITE_ZEROES), "WRITE_ZEROES offered")
+    eq(blk.run(0, T_OUT, 0, data=bytes(512))[0], S_IOERR, "write")
+    eq(blk.run(1, T_IN, 0, nbytes=512)[0], S_OK, "read")
+    fe.close()
+    env.stop(p)
+
+
+def case_next_front_end(env):
+    """Stop the ring, disconnect; a second front end gets the same disk."""
+    p = env.vhost("memory:1M")
+    fe, g, q, blk, _ = session(env, p.sock)
+    data = pattern(4096, 7)
+    eq(blk.run(0, T_OUT, 8, data=data)[0], S_OK, "write")
+    eq(blk.run(1, T_IN, 8, nbytes=4096)[0], S_OK, "read")
+    eq(fe.stop_queue(q), 2, "GET_VRING_BASE")
+    fe.close()
+    fe, g, q, blk, _ = session(env, p.sock)
+    eq(blk.run(0, T_IN, 8, nbytes=4096)[0], S_OK, "read again")
+    eq(g.read_fast(blk.slot_data(0), 4096), data, "data after reconnect")
+    fe.close()
+    env.stop(p)
+
+
+def case_malformed_chains(env):
+    p = env.vhost("memory:1M")
+    fe, g, q, blk, _ = session(env, p.sock)
+    # A loop, a buffer outside guest memory, a header too short.
+    q.set_desc(0, blk.HDR, 16, vu.D_NEXT, 1)
+    q.set_desc(1, blk.STATUS, 1, vu.D_WRITE | vu.D_NEXT, 0)
+    q.offer(0)
+    eq(len(q.reap(1)), 1, "loop completed")
+    g.write_fast(blk.HDR, struct.pack("<IIQ", T_IN, 0, 0))
+    q.set_desc(0, blk.HDR, 16, vu.D_NEXT, 1)
+    q.set_desc(1, 0x900000, 512, vu.D_WRITE | vu.D_NEXT, 2)
+    q.set_desc(2, blk.STATUS, 1, vu.D_WRITE)
+    q.offer(0)
+    q.reap(1)
+    eq(g.read_fast(blk.STATUS, 1)[0], S_IOERR, "outside guest memory")
+    eq(blk.run(3, T_IN, 0, nbytes=512)[0], S_OK, "a good request after")
+    fe.close()
+    env.stop(p)
+
+
+def case_restart_resubmits_inflight(env):
+    """kill -9 with reads in flight; the next blockport resubmits them."""
+    nbdkit = shutil.which("nbdkit")
+    if not nbdkit:
+        raise Skip("nbdkit not installed")
+    sock, pid = env.path("kit.sock"), env.path("kit.pid")
+    env.start([nbdkit, "-f", "-U", sock, "-P", pid, "--filter=delay",
+               "memory", "16M", "delay-read=2"], pid, "nbdkit")
+    uri = "nbd+unix:///?socket=" + sock
+    p = env.vhost(uri)
+    fe, g, q, blk, _ = session(env, p.sock, new_inflight=True)
+    data = [pattern(4096, 50 + i) for i in range(4)]
+    for i in range(4):
+        eq(blk.run(i, T_OUT, i * 8, data=data[i])[0], S_OK, "write %d" % i)
+    for i in range(4):
+        g.write_fast(blk.slot_data(i), bytes(4096))
+        blk.submit(i, T_IN, i * 8, nbytes=4096)
+    time.sleep(0.5)  # the reads now wait in nbdkit's delay filter
+    p.kill()
+    p.wait()
+    eq(q.used_idx(), 4, "used entries before the crash")
+    fe.close()
+    p = env.vhost(uri)
+    # QEMU restores last_avail_idx from the used index and hands back the
+    # same memory, rings and inflight region.
+    fe, _, _, _, _ = session(env, p.sock, guest=g, queue=q,
+                             inflight=fe.inflight, base=q.used_idx())
+    got = q.reap(4, timeout=20)
+    eq(sorted(u[0] for u in got), [0, 1, 2, 3], "resubmitted heads")
+    for i in range(4):
+        eq(blk.status(i), S_OK, "status %d" % i)
+        if g.read_fast(blk.slot_data(i), 4096) != data[i]:
+            raise Failure("resubmitted read %d returned other data" % i)
+    fe.close()
+    env.stop(p)
+
+
+CASES = [(n[5:], f) for n, f in sorted(globals().items())
+         if n.startswith("case_")]
+
+
+def main():
+    if not BLOCKPORT or not os.access(BLOCKPORT, os.X_OK):
+        print("skip: set BLOCKPORT to the blockport binary")
+        return 77
+    wanted = sys.argv[1:]
+    passed = failed = 0
+    for name, fn in CASES:
+        if wanted and name not in wanted:
+            continue
+        env = Env()
+        try:
+            fn(env)
+            print("ok", name)
+            passed += 1
+        except Skip as e:
+            print("skip %s: %s" % (name, e))
+        except Exception as e:  # noqa: BLE001
+            print("FAIL %s: %s" % (name, e))
+            if not isinstance(e, Failure):
+                traceback.print_exc()
+            for p in env.procs:
+                print("--- log of %s" % " ".join(p.args[:2]))
+                print(env.log(p))
+            failed += 1
+        finally:
+            env.cleanup()
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
