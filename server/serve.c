@@ -64,6 +64,16 @@ static const char serve_usage[] =
     "      --l2-cache-size SIZE  qcow2 L2 cache per image (default 32M: maps "
     "256G\n"
     "                            of 64k clusters)\n"
+    "      --nbd-connections N   connections to each nbd:// source, 1-16\n"
+    "                            (default 0: 4 when its server allows "
+    "multi-conn,\n"
+    "                            else 1)\n"
+    "      --nbd-timeout SECONDS how long a request waits for a lost nbd://\n"
+    "                            server to come back, and how long a server "
+    "may\n"
+    "                            leave requests unanswered, before they "
+    "fail\n"
+    "                            with EIO (default 30; 0: forever)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n"
     "  -h, --help                show this help\n";
@@ -345,6 +355,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"max-requests", required_argument, NULL, 'R'},
       {"max-inflight-bytes", required_argument, NULL, 'B'},
       {"l2-cache-size", required_argument, NULL, 'L'},
+      {"nbd-connections", required_argument, NULL, 'N'},
+      {"nbd-timeout", required_argument, NULL, 'T'},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -382,6 +394,14 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     case 'L':
       if (bd_parse_size(optarg, &qcow2_l2_cache_bytes) < 0 ||
           qcow2_l2_cache_bytes < 65536)
+        goto bad;
+      break;
+    case 'N':
+      if (parse_uint(optarg, 0, 16, &nbd_source_connections) < 0)
+        goto bad;
+      break;
+    case 'T':
+      if (parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
         goto bad;
       break;
     case 'P': o->pid_file = optarg; break;
