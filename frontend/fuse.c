@@ -891,9 +891,10 @@ static bool name_ok(const char *name) {
 
 static struct fuse_session *session_new(struct fm *m) {
   char opts[256];
-  snprintf(opts, sizeof opts,
-           "fsname=blockport,subtype=blockport,default_permissions%s%s",
-           m->cfg.allow_other ? ",allow_other" : "", m->readonly ? ",ro" : "");
+  snprintf(
+      opts, sizeof opts,
+      "fsname=blockport,subtype=blockport,default_permissions,auto_unmount%s%s",
+      m->cfg.allow_other ? ",allow_other" : "", m->readonly ? ",ro" : "");
   char *argv[] = {"blockport", "-o", opts, NULL};
   struct fuse_args args = FUSE_ARGS_INIT(3, argv);
   struct fuse_session *se = fuse_session_new(&args, &fm_ops, sizeof fm_ops, m);

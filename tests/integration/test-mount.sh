@@ -266,3 +266,11 @@ check_sanitizer_reports daemon.log
 rc=0; "$BLOCKPORT" mount /nonexistent.qcow2 mnt 2>err.txt || rc=$?
 [[ $rc -eq 1 ]] && grep -q nonexistent err.txt || fail "a failing daemon: exit $rc, $(cat err.txt)"
 ok "parent returned with the mount live; SIGTERM unmounted; errors reach the caller"
+
+check "a killed mount process leaves no dead mount (auto_unmount)"
+mount_fg vm.qcow2 mnt
+kill -KILL "$MOUNT_PID"
+wait_gone "$MOUNT_PID" 10
+for _ in $(seq 100); do is_mounted "$(readlink -f mnt)" || break; sleep 0.1; done
+! is_mounted "$(readlink -f mnt)" || fail "SIGKILL left a dead mount"
+ok "the mount went with the process"
