@@ -20,9 +20,11 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/blockdev.h"
@@ -44,12 +46,13 @@ _Thread_local struct pl_thread pl_thread;
 struct plugin {
   void *dl;
   char *path;
-  struct nbdkit_plugin p; /* the plugin's struct, zero-extended */
-  int api;                /* 1 or 2 */
-  int model;              /* NBDKIT_THREAD_MODEL_* */
-  bool readonly;          /* forced read-only by the user */
-  int cache_mode;         /* NBDKIT_CACHE_*, from the first handle */
-  char **strings;         /* config keys and values: live until unload */
+  struct nbdkit_plugin p;  /* the plugin's struct, zero-extended */
+  int api;                 /* 1 or 2 */
+  int model;               /* NBDKIT_THREAD_MODEL_* */
+  bool readonly;           /* forced read-only by the user */
+  int cache_mode;          /* NBDKIT_CACHE_*, from the first handle */
+  _Atomic uint64_t ema_ns; /* moving average of read and write times */
+  char **strings;          /* config keys and values: live until unload */
   size_t nstrings;
   pthread_mutex_t lock; /* guards interns */
   char **interns;
@@ -70,7 +73,7 @@ void pl_report_error(const char *msg) {
   /* A request's error is logged with its reply; others now, as nbdkit
    * does. */
   if (!pl_thread.in_data)
-    log_error("%s: error: %s", pl_name(), msg);
+    log_error("%s: %s", pl_name(), msg);
 }
 
 void pl_report_debug(const char *msg) {
@@ -212,29 +215,75 @@ static struct pl_conn *cur(void) {
 
 /* ---- operations ---- */
 
-static int pl_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+/* Reads and writes of a PARALLEL plugin run in the submitting thread
+ * (try_nowait) while its calls stay quick, as those of memory, null or
+ * pattern do: a hand-off to a worker costs more than the call.  The
+ * moving average of call times decides, starting high so that the first
+ * calls go to the pool; a plugin whose calls block (curl, ssh, a file on
+ * a disk) soon stays on the pool. */
+#define INLINE_MAX_NS 20000
+#define EMA_START_NS 1000000
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void record_time(struct plugin *pl, uint64_t start) {
+  uint64_t dt = now_ns() - start;
+  uint64_t ema = atomic_load_explicit(&pl->ema_ns, memory_order_relaxed);
+  ema = ema - ema / 8 + dt / 8; /* racy updates only blur the average */
+  atomic_store_explicit(&pl->ema_ns, ema, memory_order_relaxed);
+}
+
+static int do_pread(struct bd *bd, struct pl_conn *c, void *buf, uint64_t len,
+                    uint64_t off) {
   struct plugin *pl = bd->priv;
-  struct pl_conn *c = cur();
+  uint64_t start = now_ns();
   call_begin(c, true);
   int r = pl->api == 1 ? pl->p._pread_v1(c->handle, buf, (uint32_t)len, off)
                        : pl->p.pread(c->handle, buf, (uint32_t)len, off, 0);
   r = r < 0 ? call_failed(pl, "pread") : 0;
   call_end();
+  record_time(pl, start);
   return r;
 }
 
-static int pl_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
-                     uint32_t flags) {
+static int do_pwrite(struct bd *bd, struct pl_conn *c, const void *buf,
+                     uint64_t len, uint64_t off, uint32_t flags) {
   struct plugin *pl = bd->priv;
-  struct pl_conn *c = cur();
   bool fua = (flags & BD_F_FUA) && bd->caps.native_fua;
+  uint64_t start = now_ns();
   call_begin(c, true);
   int r = pl->api == 1 ? pl->p._pwrite_v1(c->handle, buf, (uint32_t)len, off)
                        : pl->p.pwrite(c->handle, buf, (uint32_t)len, off,
                                       fua ? NBDKIT_FLAG_FUA : 0);
   r = r < 0 ? call_failed(pl, "pwrite") : 0;
   call_end();
+  record_time(pl, start);
   return r;
+}
+
+static int pl_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  return do_pread(bd, cur(), buf, len, off);
+}
+
+static int pl_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+                     uint32_t flags) {
+  return do_pwrite(bd, cur(), buf, len, off, flags);
+}
+
+/* The core offers only reads and writes without FUA of PARALLEL devices. */
+static int pl_try_nowait(struct bd *bd, struct bd_req *req) {
+  struct plugin *pl = bd->priv;
+  if (!req->conn ||
+      atomic_load_explicit(&pl->ema_ns, memory_order_relaxed) > INLINE_MAX_NS)
+    return -EAGAIN;
+  struct pl_conn *c = req->conn->priv;
+  if (req->cmd == BD_READ)
+    return do_pread(bd, c, req->buf, req->length, req->offset);
+  return do_pwrite(bd, c, req->buf, req->length, req->offset, req->flags);
 }
 
 static int pl_flush(struct bd *bd) {
@@ -614,6 +663,7 @@ static const struct bd_ops plugin_ops = {
     .zero = pl_zero,
     .cache = pl_cache,
     .extents = pl_extents,
+    .try_nowait = pl_try_nowait,
     .close = pl_close,
     .conn_open = pl_conn_open,
     .conn_close = pl_conn_close,
@@ -949,6 +999,7 @@ struct bd *plugin_source_open(const char *spec, bool readonly) {
   }
   pthread_mutex_init(&pl->lock, NULL);
   pl->readonly = readonly;
+  atomic_init(&pl->ema_ns, EMA_START_NS);
   struct bd *bd = NULL;
   if (load_library(pl, argv[0]) == 0 && register_plugin(pl) == 0) {
     the_plugin = pl;

@@ -9,7 +9,8 @@
  * serialize_all_requests|serialize_requests|parallel (default parallel),
  * delay=MICROSECONDS each data call sleeps (default 1000), stats=FILE
  * (rewritten at each close: max_all=N max_handle=N max_open=N calls=N
- * flushes=N flag=N), fail=config|open (refuse there), eio_at=OFFSET (a
+ * flushes=N flag=N), fail=config|open (refuse the configuration, or
+ * every open after the first: blockport's own probe), eio_at=OFFSET (a
  * read there fails with EIO through errno), enospc_at=OFFSET (a write
  * there fails with ENOSPC through nbdkit_set_error), exports=1 (lists
  * exports "one" and "two"; opening another name fails). */
@@ -140,7 +141,11 @@ static void *overlap_open(int readonly) {
   const char *name = nbdkit_export_name();
   if (!name)
     return NULL;
-  if (fail_at && !strcmp(fail_at, "open")) {
+  static int opens;
+  pthread_mutex_lock(&lock);
+  bool refuse = opens++ > 0 && fail_at && !strcmp(fail_at, "open");
+  pthread_mutex_unlock(&lock);
+  if (refuse) {
     nbdkit_error("refusing to open, as asked (fail=open)");
     return NULL;
   }
