@@ -135,7 +135,8 @@ static void do_list(const struct hs_catalog *cat, uint32_t len,
     return;
   }
   for (size_t i = 0; i < cat->n; i++)
-    reply_server(out, &cat->v[i]);
+    if (!cat->v[i].unlisted)
+      reply_server(out, &cat->v[i]);
   reply_ack(out, NBD_OPT_LIST);
 }
 

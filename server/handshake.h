@@ -15,6 +15,7 @@ struct hs_export {
   uint64_t size;
   uint16_t tflags; /* without the flags that depend on negotiation */
   uint32_t min_block, pref_block, max_block;
+  bool unlisted; /* reachable, but left out of NBD_OPT_LIST */
 };
 
 /* The exports on offer; v[0] is also the default export "". */

@@ -34,18 +34,23 @@ struct serve_opts {
   const char *bind_addr;
   const char *pid_file;
   const char *format;
+  const char *plugin; /* --plugin: the arguments are its parameters */
   bool readonly;
   unsigned workers;
 };
 
 static const char serve_usage[] =
     "Usage: blockport serve [OPTIONS] IMAGE...\n"
+    "       blockport serve [OPTIONS] --plugin PLUGIN [KEY=VALUE...]\n"
     "Serve disk images over NBD (fixed newstyle).\n"
     "\n"
     "IMAGE is PATH or NAME=PATH; the first image is also the default export "
     "\"\".\n"
     "PATH is an image file (format probed from its content), null:SIZE\n"
     "(reads zeroes, discards writes) or memory:SIZE (a sparse RAM disk).\n"
+    "With --plugin, the export is an nbdkit plugin: PLUGIN is a .so path or\n"
+    "a name in nbdkit's plugin directory (memory, pattern, file, ...), the\n"
+    "arguments its KEY=VALUE parameters, and its exports those it lists.\n"
     "\n"
     "  -u, --unix PATH           listen on a Unix socket\n"
     "  -p, --port N              listen on TCP port N (default 10809 when no "
@@ -74,6 +79,9 @@ static const char serve_usage[] =
     "                            leave requests unanswered, before they "
     "fail\n"
     "                            with EIO (default 30; 0: forever)\n"
+    "      --plugin PLUGIN       serve an nbdkit plugin (see above)\n"
+    "  -D NAME.FLAG=N            set an nbdkit plugin's debug flag "
+    "NAME_debug_FLAG\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n"
     "  -h, --help                show this help\n";
@@ -91,6 +99,77 @@ static int parse_uint(const char *s, unsigned min, unsigned max,
 
 /* ---- exports ---- */
 
+/* What the handshake tells clients about export E: what its device can
+ * do (an nbdkit plugin may lack flush, FUA or trim). */
+static struct hs_export hs_export_of(const struct export *e) {
+  const struct bd_caps *cp = &e->bd->caps;
+  uint16_t f = cp->can_flush ? NBD_FLAG_SEND_FLUSH : 0;
+  if (cp->readonly)
+    f |= NBD_FLAG_READ_ONLY;
+  else
+    f |= (cp->can_fua ? NBD_FLAG_SEND_FUA : 0) |
+         (cp->can_trim ? NBD_FLAG_SEND_TRIM : 0) | NBD_FLAG_SEND_WRITE_ZEROES |
+         (cp->can_fast_zero ? NBD_FLAG_SEND_FAST_ZERO : 0);
+  if (cp->multi_conn)
+    f |= NBD_FLAG_CAN_MULTI_CONN;
+  if (cp->can_cache)
+    f |= NBD_FLAG_SEND_CACHE;
+  return (struct hs_export){
+      .name = e->name,
+      .description = e->bd->description,
+      .size = e->bd->size,
+      .tflags = f,
+      .min_block = cp->min_block,
+      .pref_block = cp->pref_block,
+      .max_block = cp->max_block,
+  };
+}
+
+/* An nbdkit plugin's other exports (list_exports): more names on the one
+ * device, each connection opening the plugin with its name.  The default
+ * export "" stays reachable, but is listed only if the plugin lists it. */
+static int add_listed_exports(struct server *srv, bool readonly) {
+  struct export *first = &srv->exports[0];
+  struct bd_export_list l;
+  int r = bd_list_exports(first->bd, readonly, &l);
+  if (r == -ENOTSUP)
+    return 0;
+  if (r < 0) {
+    log_error("%s", bd_errmsg());
+    return -1;
+  }
+  size_t n = srv->nexports + l.n;
+  struct export *ev = realloc(srv->exports, n * sizeof *ev);
+  if (ev)
+    srv->exports = ev;
+  struct hs_export *hv = ev ? realloc(srv->hs_exports, n * sizeof *hv) : NULL;
+  if (hv)
+    srv->hs_exports = hv;
+  bool listed_default = false;
+  for (size_t i = 0; hv && i < l.n; i++) {
+    if (!*l.v[i].name) {
+      listed_default = true;
+      continue;
+    }
+    struct export *e = &srv->exports[srv->nexports];
+    *e = (struct export){.name = strdup(l.v[i].name),
+                         .spec = strdup(srv->exports[0].spec),
+                         .bd = srv->exports[0].bd,
+                         .shared = true};
+    srv->nexports++;
+    if (!e->name || !e->spec)
+      break;
+    srv->hs_exports[srv->nexports - 1] = hs_export_of(e);
+    if (l.v[i].description)
+      srv->hs_exports[srv->nexports - 1].description = l.v[i].description;
+  }
+  srv->listed = l; /* descriptions live as long as the catalog */
+  if (!hv || srv->nexports < n - listed_default)
+    return -1;
+  srv->hs_exports[0].unlisted = !listed_default;
+  return 0;
+}
+
 static int open_exports(struct server *srv, char **images, int n,
                         const struct serve_opts *o) {
   srv->exports = calloc((size_t)n, sizeof *srv->exports);
@@ -101,7 +180,7 @@ static int open_exports(struct server *srv, char **images, int n,
     const char *img = images[i], *eq = strchr(img, '=');
     /* NAME=PATH, unless the '=' is part of a path (after a '/'). */
     const char *slash = strchr(img, '/');
-    bool named = eq && (!slash || eq < slash);
+    bool named = !o->plugin && eq && (!slash || eq < slash);
     struct export *e = &srv->exports[i];
     srv->nexports = (size_t)i + 1; /* so close_exports() frees it on error */
     e->name = named ? strndup(img, (size_t)(eq - img)) : strdup("");
@@ -124,31 +203,14 @@ static int open_exports(struct server *srv, char **images, int n,
       log_error("%s", bd_errmsg());
       return -1;
     }
-    const struct bd_caps *cp = &e->bd->caps;
-    uint16_t f = NBD_FLAG_SEND_FLUSH;
-    if (cp->readonly)
-      f |= NBD_FLAG_READ_ONLY;
-    else
-      f |= NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES |
-           (cp->can_fast_zero ? NBD_FLAG_SEND_FAST_ZERO : 0);
-    if (cp->multi_conn)
-      f |= NBD_FLAG_CAN_MULTI_CONN;
-    if (cp->can_cache)
-      f |= NBD_FLAG_SEND_CACHE;
-    srv->hs_exports[i] = (struct hs_export){
-        .name = e->name,
-        .description = e->bd->description,
-        .size = e->bd->size,
-        .tflags = f,
-        .min_block = cp->min_block,
-        .pref_block = cp->pref_block,
-        .max_block = cp->max_block,
-    };
+    srv->hs_exports[i] = hs_export_of(e);
     log_info("export '%s': %s %s, %llu bytes%s", e->name, e->bd->format,
-             e->spec, (unsigned long long)e->bd->size,
-             cp->readonly ? ", read-only" : "");
+             o->plugin ? o->plugin : e->spec, (unsigned long long)e->bd->size,
+             e->bd->caps.readonly ? ", read-only" : "");
   }
-  srv->catalog = (struct hs_catalog){srv->hs_exports, (size_t)n};
+  if (o->plugin && add_listed_exports(srv, o->readonly) < 0)
+    return -1;
+  srv->catalog = (struct hs_catalog){srv->hs_exports, srv->nexports};
   return 0;
 }
 
@@ -156,7 +218,7 @@ static int close_exports(struct server *srv) {
   int ret = 0;
   for (size_t i = 0; i < srv->nexports; i++) {
     struct export *e = &srv->exports[i];
-    int r = bd_close(e->bd);
+    int r = e->shared ? 0 : bd_close(e->bd);
     if (r < 0) {
       log_error("export '%s': final flush failed: %s", e->name, strerror(-r));
       ret = -1;
@@ -166,6 +228,7 @@ static int close_exports(struct server *srv) {
   }
   free(srv->exports);
   free(srv->hs_exports);
+  bd_export_list_free(&srv->listed);
   return ret;
 }
 
@@ -357,14 +420,15 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"l2-cache-size", required_argument, NULL, 'L'},
       {"nbd-connections", required_argument, NULL, 'N'},
       {"nbd-timeout", required_argument, NULL, 'T'},
+      {"plugin", required_argument, NULL, 'G'},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
   unsigned port;
-  while ((ch = getopt_long(argc, argv, "u:p:b:rf:w:c:P:vh", longopts, NULL)) !=
-         -1) {
+  while ((ch = getopt_long(argc, argv, "u:p:b:rf:w:c:D:P:vh", longopts,
+                           NULL)) != -1) {
     switch (ch) {
     case 'u': o->unix_path = optarg; break;
     case 'p':
@@ -404,13 +468,20 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       if (parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
         goto bad;
       break;
+    case 'G': o->plugin = optarg; break;
+    case 'D':
+      if (plugin_add_debug_flag(optarg) < 0) {
+        fprintf(stderr, "blockport serve: %s\n", bd_errmsg());
+        return -1;
+      }
+      break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case 'h': fputs(serve_usage, stdout); exit(0);
     default: fputs(serve_usage, stderr); return -1;
     }
   }
-  if (optind >= argc) {
+  if (optind >= argc && !o->plugin) {
     fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
     return -1;
   }
@@ -446,7 +517,13 @@ int serve_main(int argc, char **argv) {
 
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
   bool bound_unix = false;
-  if (open_exports(&srv, argv + optind, argc - optind, &o) < 0)
+  /* --plugin: one image, the plugin with the arguments as parameters. */
+  char *plugin =
+      o.plugin ? plugin_spec(o.plugin, argv + optind, argc - optind) : NULL;
+  if (o.plugin && !plugin)
+    goto out;
+  if (open_exports(&srv, o.plugin ? &plugin : argv + optind,
+                   o.plugin ? 1 : argc - optind, &o) < 0)
     goto out;
   if (bd_pool_start(o.workers) < 0) {
     log_error("cannot start the worker pool");
@@ -494,5 +571,6 @@ out:
     unlink(o.pid_file);
   if (sfd >= 0)
     close(sfd);
+  free(plugin);
   return ret;
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../core/blockdev.h"
 #include "handshake.h"
 
 struct bd;
@@ -17,6 +18,7 @@ struct export {
   char *name;
   char *spec;
   struct bd *bd;
+  bool shared; /* another export's device (an nbdkit plugin's exports) */
 };
 
 struct server_limits {
@@ -30,6 +32,7 @@ struct server {
   size_t nexports;
   struct hs_export *hs_exports;
   struct hs_catalog catalog;
+  struct bd_export_list listed; /* an nbdkit plugin's list_exports */
   struct server_limits limits;
 
   pthread_mutex_t lock;

@@ -1,0 +1,68 @@
+#!/bin/bash
+# nbdkit plugins served by blockport against the same plugins under nbdkit,
+# side by side in one run.
+#
+# Workload: fio's nbd engine over a Unix socket, 4k random read/write
+# 75/25, iodepth 64, one connection (the origin workload of
+# serve-bench.sh), on a 1 GiB RAM disk written once beforehand.
+# Servers: blockport serve --plugin memory / nbdkit memory (both
+# PARALLEL), and the same for the overlap test plugin with
+# model=serialize_all_requests delay=0 when it is built.
+#
+# usage: contrib/bench/plugin-bench.sh [SECONDS-PER-RUN] [BUILD-DIR]
+# Numbers move ±20% between runs: compare within a run.
+set -euo pipefail
+RT=${1:-10}
+BUILD=$(readlink -f "${2:-$(dirname "$0")/../../build}")
+BP=$BUILD/blockport
+for t in fio nbdkit nbdcopy; do
+  command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
+done
+W=$(mktemp -d /tmp/plugin-bench.XXXX)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+SOCK=$W/s.sock
+URI="nbd+unix:///?socket=$SOCK"
+cat >"$W/randrw.fio" <<J
+[global]
+ioengine=nbd
+uri=$URI
+rw=randrw
+rwmixread=75
+bs=4k
+iodepth=64
+numjobs=1
+time_based=1
+runtime=$RT
+size=1G
+randrepeat=1
+gtod_reduce=1
+group_reporting=1
+[test]
+J
+
+declare -A IOPS
+measure() { # name cmd...
+  local name=$1 out pid; shift
+  rm -f "$SOCK"
+  "$@" >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+  # Fill the disk first, so reads find data as writes would leave it.
+  head -c 1G /dev/zero | tr '\0' '\1' | nbdcopy - "$URI"
+  out=$(fio --output-format=terse --terse-version=3 "$W/randrw.fio" 2>/dev/null | tail -n 1)
+  kill $pid; wait $pid 2>/dev/null || true
+  IOPS[$name]=$(awk -F';' '{print $8+$49}' <<<"$out")
+  printf '%-32s %9s IOPS\n' "$name" "${IOPS[$name]}"
+}
+
+echo "blockport: $BP ($("$BP" --version)); nbdkit $(nbdkit --version | cut -d' ' -f2); $(nproc) CPUs; $RT s per run"
+measure "blockport --plugin memory" "$BP" serve -u "$SOCK" --plugin memory size=1G
+measure "nbdkit memory" nbdkit -f -U "$SOCK" memory size=1G
+OV=$BUILD/tests/nbdkit-overlap2-plugin.so
+if [ -f "$OV" ]; then
+  P=(model=serialize_all_requests delay=0 size=1G)
+  measure "blockport --plugin overlap (s_a_r)" "$BP" serve -u "$SOCK" --plugin "$OV" "${P[@]}"
+  measure "nbdkit overlap (s_a_r)" nbdkit -f -U "$SOCK" "$OV" "${P[@]}"
+fi
+awk -v a="${IOPS[blockport --plugin memory]}" -v b="${IOPS[nbdkit memory]}" \
+  'BEGIN { printf "memory plugin, blockport / nbdkit: %.2fx\n", a / b }'
