@@ -275,6 +275,12 @@ static void get_id(struct vblk_req *r, const struct vblk_parsed *p,
 static void start(struct vblk_queue *q, struct vblk_req *r) {
   struct vblk_parsed p;
   vblk_parse(q->dev, q->chain, q->scratch, &p);
+  log_debug("vhost queue %u: request %u: type %u, %llu bytes at %llu "
+            "(out %llu/%u, in %llu/%u, status %u)",
+            q->index, r->head, p.type, (unsigned long long)p.length,
+            (unsigned long long)p.offset,
+            (unsigned long long)q->chain->out_bytes, q->chain->n_out,
+            (unsigned long long)q->chain->in_bytes, q->chain->n_in, p.status);
   r->kind = p.kind;
   r->status_ptr = p.status_ptr;
   r->used_len = p.used_len;

@@ -753,6 +753,21 @@ static void dev_reset(struct vhu_dev *d) {
   d->blk.acked = 0;
 }
 
+/* A socket file nobody listens on any more (a previous run's): it may be
+ * replaced.  One that answers belongs to a running back end. */
+static bool stale_socket(const char *path, const struct sockaddr_un *sa) {
+  struct stat st;
+  if (lstat(path, &st) < 0 || !S_ISSOCK(st.st_mode))
+    return false;
+  int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c < 0)
+    return false;
+  bool stale = connect(c, (const struct sockaddr *)sa, sizeof *sa) < 0 &&
+               errno == ECONNREFUSED;
+  close(c);
+  return stale;
+}
+
 static int listen_on(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {
@@ -760,10 +775,9 @@ static int listen_on(const char *path) {
     return -1;
   }
   strcpy(sa.sun_path, path);
-  struct stat st;
-  if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode))
-    unlink(path); /* a previous run's socket */
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s >= 0 && stale_socket(path, &sa))
+    unlink(path);
   if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 ||
       listen(s, 1) < 0) {
     log_error("vhost: cannot listen on %s: %s", path, strerror(errno));

@@ -81,12 +81,23 @@ static unsigned log2u(uint32_t v) {
   return n;
 }
 
+/* The largest segment.  We split and bounce whatever comes, so this only
+ * has to keep guests sane: SeaBIOS divides size_max * seg_max by the block
+ * size into 16 bits and loops forever on zero-length reads if that
+ * overflows. */
+static uint32_t size_max(const struct vblk_dev *dev) {
+  uint64_t limit = 65535ull * dev->blk_size / dev->seg_max, p = 4096;
+  while (p * 2 <= limit && p * 2 <= dev->max_io)
+    p *= 2;
+  return (uint32_t)(p < dev->max_io ? p : dev->max_io);
+}
+
 /* Offsets in struct virtio_blk_config (virtio 1.2, 5.2.4). */
 void vblk_config(const struct vblk_dev *dev, uint8_t cfg[VBLK_CONFIG_SIZE]) {
   const struct bd_caps *c = &dev->bd->caps;
   memset(cfg, 0, VBLK_CONFIG_SIZE);
   put64(cfg + 0, dev->capacity);
-  put32(cfg + 8, dev->max_io);
+  put32(cfg + 8, size_max(dev));
   put32(cfg + 12, dev->seg_max);
   put32(cfg + 20, dev->blk_size);
   uint32_t phys = pow2_at_least(c->pref_block, dev->blk_size, 65536);

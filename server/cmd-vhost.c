@@ -28,7 +28,9 @@ static const char vhost_usage[] =
     "node,memdev=mem\n"
     "  -chardev socket,id=c0,path=PATH,reconnect=1\n"
     "  -device vhost-user-blk-pci,chardev=c0\n"
-    "When QEMU goes away, blockport waits for the next one on PATH.\n"
+    "When QEMU goes away, blockport waits for the next one on PATH.  A\n"
+    "stale socket file is replaced; one a running back end answers on is\n"
+    "refused.\n"
     "\n"
     "  -s, --socket PATH       the vhost-user socket to listen on\n"
     "  -q, --queues N          queues offered; QEMU's num-queues must not be\n"
@@ -46,7 +48,7 @@ static const char vhost_usage[] =
     "      --l2-cache-size SIZE  qcow2 L2 cache (default 32M)\n"
     "      --once              exit when the first front end disconnects\n"
     "  -P, --pid-file FILE     write the pid once the socket listens\n"
-    "  -v, --verbose           log more (twice: every message)\n"
+    "  -v, --verbose           log every vhost-user message and request\n"
     "  -h, --help              show this help\n"
     "\n"
     "SIGTERM or SIGINT: finish the requests in flight, flush, exit 0.\n";
@@ -126,10 +128,7 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       break;
     case OPT_ONCE: o->vhu.once = true; break;
     case 'P': o->pid_file = optarg; break;
-    case 'v':
-      log_threshold =
-          log_threshold >= LOG_LEVEL_INFO ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO;
-      break;
+    case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case 'h': fputs(vhost_usage, stdout); exit(0);
     default: fputs(vhost_usage, stderr); return -1;
     }

@@ -47,13 +47,14 @@ Test(vblk_config, memory_device) {
   uint64_t cap;
   memcpy(&cap, cfg, 8);
   cr_expect_eq(le64toh(cap), 2048);
-  cr_expect_eq(le32_at(cfg + 8), BD_MAX_IO); /* size_max */
-  cr_expect_eq(le32_at(cfg + 12), 126);      /* seg_max */
-  cr_expect_eq(le32_at(cfg + 20), 512);      /* blk_size */
-  cr_expect_eq(cfg[24], 3); /* physical block 4096 = 512 << 3 */
-  cr_expect_eq(cfg[26], 8); /* min_io_size in blocks */
-  cr_expect_eq(cfg[32], 1); /* writeback: the source flushes */
-  cr_expect_eq(cfg[34], 4); /* num_queues */
+  /* size_max * seg_max / blk_size fits 16 bits (SeaBIOS computes it). */
+  cr_expect_eq(le32_at(cfg + 8), 256 * 1024);
+  cr_expect_eq(le32_at(cfg + 12), 126); /* seg_max */
+  cr_expect_eq(le32_at(cfg + 20), 512); /* blk_size */
+  cr_expect_eq(cfg[24], 3);             /* physical block 4096 = 512 << 3 */
+  cr_expect_eq(cfg[26], 8);             /* min_io_size in blocks */
+  cr_expect_eq(cfg[32], 1);             /* writeback: the source flushes */
+  cr_expect_eq(cfg[34], 4);             /* num_queues */
   cr_expect_eq(le32_at(cfg + 36), VBLK_MAX_DWZ_SECTORS);
   cr_expect_eq(le32_at(cfg + 40), VBLK_MAX_DWZ_SEG);
   cr_expect_eq(le32_at(cfg + 44), 1);
@@ -113,6 +114,7 @@ Test(vblk_config, block_sizes_from_the_source) {
   cr_expect_eq(cfg[24], 4);          /* 64 KiB physical */
   cr_expect_eq(cfg[26], 16);
   cr_expect_eq(d.max_io, 65536);
+  cr_expect_eq(le32_at(cfg + 8), 65536); /* size_max: no more than max_io */
   cr_expect_eq(le32_at(cfg + 12), 254);
   cr_expect(!(d.features & (1ull << VIRTIO_BLK_F_DISCARD)));
   cr_expect(!(d.features & (1ull << VIRTIO_BLK_F_FLUSH)));
