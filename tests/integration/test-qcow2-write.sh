@@ -190,7 +190,9 @@ for i in $(seq 1 12); do
   # Data written and flushed before the storm must survive the kill.
   qemu-io -f qcow2 -c 'write -P 0x7e 60M 1M' "$T/k.qcow2" >/dev/null
   start_server "$T/k.qcow2"
-  (cd "$T" && fio storm.fio >/dev/null 2>&1) &
+  # Its own process group: only SIGKILL to the group ends job processes
+  # stuck in a call to the dead server.
+  (cd "$T" && exec setsid fio storm.fio >/dev/null 2>&1) &
   storm=$!
   # And so must every write acknowledged before a completed FLUSH: the
   # tracker writes 16 blocks of 4 KiB in [40M, 56M) per round with a
@@ -216,6 +218,7 @@ PYEOF
   sleep "0.$((3 + RANDOM % 7))"
   kill -9 "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
+  kill -KILL -- -"$storm" 2>/dev/null || true
   wait $storm 2>/dev/null || true
   kill $tracker 2>/dev/null || true
   wait $tracker 2>/dev/null || true
