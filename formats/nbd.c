@@ -49,6 +49,7 @@
 #define MAX_CONNS 16
 #define AUTO_CONNS 4
 #define RETRY_MIN_MS 500
+#define ORDERLY_MS 10000 /* after ESHUTDOWN: losses count as orderly */
 #define RETRY_MAX_MS 4000
 #define CONNECT_MAX_MS 10000 /* a handshake taking longer is abandoned */
 #define CLOSE_BUSY_MS 5000   /* close waits this long for requests */
@@ -62,6 +63,8 @@ enum conn_state {
   C_CONNECTING, /* handshake in progress until due */
   C_UP,         /* ready for requests */
   C_DEAD,       /* a submitter saw the handle die; the event thread cleans */
+  C_DRAINING,   /* the server is shutting down (ESHUTDOWN): no new requests;
+                 * closed once those in flight are answered */
 };
 
 struct nbddev;
@@ -124,6 +127,10 @@ struct nbddev {
   _Atomic uint64_t write_gen;
   uint64_t flushed_gen; /* under lock */
   atomic_bool writes_lost;
+  /* ms: until then a lost connection is the server's orderly shutdown
+   * (one of its connections said ESHUTDOWN), which flushes before it
+   * exits: unflushed writes are not counted lost. */
+  _Atomic int64_t orderly_until;
   int64_t bad_size; /* event thread: the wrong size last logged */
 };
 
@@ -240,10 +247,33 @@ static void op_lost(struct op *op) {
   dispatch(op);
 }
 
+/* The server is shutting down and did not execute OP: stop using its
+ * connection, and send OP again on another or once it is back. */
+static void op_refused_for_shutdown(struct op *op) {
+  struct nbddev *d = op->d;
+  int up = C_UP;
+  if (atomic_compare_exchange_strong(&op->c->state, &up, C_DRAINING)) {
+    log_info("nbd %s: connection %u: the server is shutting down", d->uri,
+             op->c->idx);
+    atomic_store(&d->orderly_until, now_ms() + ORDERLY_MS);
+    wake(d);
+  }
+  int64_t now = now_ms();
+  if (!op->deadline)
+    op->deadline = d->timeout_ms ? now + d->timeout_ms : INT64_MAX;
+  if (op->deadline <= now) {
+    op_fail(op, -EIO, "the server shut down and did not return in time");
+    return;
+  }
+  dispatch(op);
+}
+
 static void finish(struct op *op) {
   atomic_fetch_sub(&op->c->inflight, 1);
   int err = op->completed ? op->err : ENOTCONN;
-  if (err == ENOTCONN)
+  if (err == ESHUTDOWN)
+    op_refused_for_shutdown(op);
+  else if (err == ENOTCONN)
     op_lost(op);
   else if (err)
     op_fail(op, -err, strerror(err));
@@ -577,6 +607,12 @@ static void conn_lost(struct conn *c, int64_t now, const char *why) {
   c->due = now; /* try at once: the server may only have dropped us */
   if (closing)
     return; /* the server hung up after our goodbye */
+  if (now < atomic_load(&d->orderly_until)) {
+    log_info("nbd %s: connection %u closed by the server's shutdown; "
+             "reconnecting",
+             d->uri, c->idx);
+    return;
+  }
   log_warn("nbd %s: connection %u lost: %s", d->uri, c->idx, why);
   if (unflushed && !atomic_exchange(&d->writes_lost, true))
     log_warn("nbd %s: writes since the last flush may be lost; the next "
@@ -734,9 +770,16 @@ static int housekeeping(struct nbddev *d, int64_t now, bool closing) {
   for (unsigned i = 0; i < d->nconns; i++) {
     struct conn *c = &d->conns[i];
     int st = atomic_load(&c->state);
-    if (st == C_DEAD ||
-        (st == C_UP && (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))) {
+    if (st == C_DEAD || ((st == C_UP || st == C_DRAINING) &&
+                         (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)))) {
       conn_lost(c, now, "the server closed the connection");
+      st = C_DOWN;
+    }
+    if (st == C_DRAINING && atomic_load(&c->inflight) == 0) {
+      /* Everything answered: leave as the spec asks, then reconnect. */
+      nbd_aio_disconnect(c->h, 0);
+      conn_lost(c, now, "the server is shutting down");
+      c->due = now + RETRY_MIN_MS; /* it is restarting, if at all */
       st = C_DOWN;
     }
     if (st == C_CONNECTING && closing) {
@@ -748,7 +791,7 @@ static int housekeeping(struct nbddev *d, int64_t now, bool closing) {
     if (st == C_DOWN && !closing && now >= c->due)
       start_connect(c, now);
     st = atomic_load(&c->state);
-    if (st == C_UP && !closing)
+    if ((st == C_UP || st == C_DRAINING) && !closing)
       check_hung(c, now, &next);
     if ((st == C_DOWN || st == C_CONNECTING) && !closing && c->due < next)
       next = c->due;
@@ -818,7 +861,7 @@ static int build_pollfds(struct nbddev *d, struct pollfd *p, struct conn **pc) {
   for (unsigned i = 0; i < d->nconns; i++) {
     struct conn *c = &d->conns[i];
     int st = atomic_load(&c->state);
-    if (st != C_UP && st != C_CONNECTING)
+    if (st != C_UP && st != C_CONNECTING && st != C_DRAINING)
       continue;
     int fd = nbd_aio_get_fd(c->h);
     unsigned dir = nbd_aio_get_direction(c->h);

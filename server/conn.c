@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../core/cleanup.h"
@@ -282,6 +283,13 @@ static void submit(struct conn *c, struct nreq *n) {
   bd_submit(c->exp->bd, &n->bdr);
 }
 
+static bool closing(struct conn *c) {
+  pthread_mutex_lock(&c->lock);
+  bool v = c->closing;
+  pthread_mutex_unlock(&c->lock);
+  return v;
+}
+
 /* A parsed header: validate, then submit or wait for its payload. */
 static void handle_request(struct conn *c, const struct nbd_request *r) {
   if (r->type == NBD_CMD_DISC) {
@@ -292,6 +300,10 @@ static void handle_request(struct conn *c, const struct nbd_request *r) {
   uint64_t payload = nbd_request_payload(&c->tx, r);
   const char *msg = NULL;
   uint32_t err = nbd_validate_request(&c->tx, r, &msg);
+  if (!err && closing(c)) {
+    err = NBD_ESHUTDOWN; /* not executed: the client may send it again */
+    msg = "the server is shutting down";
+  }
   if (!err && payload > c->tx.max_payload) {
     err = NBD_EINVAL;
     msg = "payload too large";
@@ -456,9 +468,43 @@ static void stop_reading(struct conn *c) {
   }
 }
 
+/* Milliseconds until a closing connection gives up on its client: -1
+ * while not closing. */
+static int grace_left(struct conn *c, const struct timespec *deadline) {
+  if (!closing(c))
+    return -1;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int64_t ms = (deadline->tv_sec - now.tv_sec) * 1000 +
+               (deadline->tv_nsec - now.tv_nsec) / 1000000;
+  return ms > 0 ? (int)ms : 0;
+}
+
 static void transmission(struct conn *c) {
   fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+  pthread_mutex_lock(&c->lock);
+  c->transmitting = true;
+  bool early = c->closing; /* shutdown began during the handshake */
+  pthread_mutex_unlock(&c->lock);
+  struct timespec deadline = {0, 0};
+  bool have_deadline = false;
+  if (early)
+    c->eof = true;
   for (;;) {
+    if (!have_deadline && closing(c)) {
+      clock_gettime(CLOCK_MONOTONIC, &deadline);
+      deadline.tv_sec += c->srv->grace_ms / 1000;
+      deadline.tv_nsec += (long)(c->srv->grace_ms % 1000) * 1000000;
+      if (deadline.tv_nsec >= 1000000000) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000;
+      }
+      have_deadline = true;
+    }
+    if (have_deadline && !c->eof && grace_left(c, &deadline) == 0) {
+      log_info("connection %u (%s): closing for shutdown", c->id, c->peer);
+      stop_reading(c);
+    }
     pthread_mutex_lock(&c->lock);
     bool dead = c->dead;
     pthread_mutex_unlock(&c->lock);
@@ -484,7 +530,8 @@ static void transmission(struct conn *c) {
         {.fd = c->wakefd, .events = POLLIN},
     };
     enum input in;
-    if (want_in && !want_out && spin_read(c, &in)) {
+    int timeout = grace_left(c, &deadline);
+    if (want_in && !want_out && timeout < 0 && spin_read(c, &in)) {
       pthread_mutex_lock(&c->lock);
       c->waiting = false;
       pthread_mutex_unlock(&c->lock);
@@ -492,7 +539,7 @@ static void transmission(struct conn *c) {
         stop_reading(c);
       continue;
     }
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
+    if (poll(p, 2, timeout) < 0 && errno != EINTR)
       break;
     pthread_mutex_lock(&c->lock);
     c->waiting = false;
@@ -612,6 +659,22 @@ bool conn_start(struct server *srv, int fd, const char *peer) {
     return false;
   }
   return true;
+}
+
+void conn_begin_shutdown(struct server *srv, unsigned grace_ms) {
+  pthread_mutex_lock(&srv->lock);
+  srv->grace_ms = grace_ms;
+  for (struct conn *c = srv->conns; c; c = c->next) {
+    pthread_mutex_lock(&c->lock);
+    c->closing = true;
+    bool talking = c->transmitting;
+    c->waiting = true; /* wake it even if it is not asleep yet */
+    conn_wake_locked(c);
+    pthread_mutex_unlock(&c->lock);
+    if (!talking)
+      shutdown(c->fd, SHUT_RDWR);
+  }
+  pthread_mutex_unlock(&srv->lock);
 }
 
 void conn_shutdown_all(struct server *srv, int how) {

@@ -27,6 +27,9 @@
 #include "server.h"
 
 #define MAX_LISTENERS 16
+/* How long a connection may stay after shutdown begins: its client sees
+ * ESHUTDOWN on its next request and disconnects; an idle one is closed. */
+#define SHUTDOWN_GRACE_MS 2000
 
 struct serve_opts {
   const char *unix_path;
@@ -549,11 +552,12 @@ int serve_main(int argc, char **argv) {
 
   ret = run(&srv, lfds, nl, sfd) < 0 ? 1 : 0;
 
-  /* Stop accepting, let requests in flight finish, then flush. */
+  /* Stop accepting, let requests in flight finish (later ones get
+   * ESHUTDOWN, so clients know they were not executed), then flush. */
   for (int i = 0; i < nl; i++)
     close(lfds[i]);
   nl = 0;
-  conn_shutdown_all(&srv, SHUT_RD);
+  conn_begin_shutdown(&srv, SHUTDOWN_GRACE_MS);
   if (!wait_conns(&srv, 30)) {
     log_warn("connections still busy after 30 s; closing them");
     conn_shutdown_all(&srv, SHUT_RDWR);

@@ -41,6 +41,7 @@ struct server {
   unsigned nconns;
   unsigned next_id;
   bool shutting_down;
+  unsigned grace_ms; /* see conn_begin_shutdown() */
 };
 
 /* Take over FD (an accepted socket) and serve it on a new thread.  Returns
@@ -48,5 +49,10 @@ struct server {
 bool conn_start(struct server *srv, int fd, const char *peer);
 /* Stop reading from every connection (HOW as for shutdown(2)). */
 void conn_shutdown_all(struct server *srv, int how);
+/* Server shutdown as the NBD spec asks: connections still negotiating are
+ * cut; in transmission, requests in flight finish, later ones are answered
+ * NBD_ESHUTDOWN (the client then disconnects and may retry elsewhere), and
+ * each connection closes when its client leaves or after GRACE_MS. */
+void conn_begin_shutdown(struct server *srv, unsigned grace_ms);
 
 #endif

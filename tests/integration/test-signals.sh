@@ -205,4 +205,34 @@ sys.exit("port still accepting connections after exit")
 ' "$port" || fail "TCP port $port still open after the server exited"
 ok "port $port closed"
 
+check "SIGTERM: a request that arrives after it is answered ESHUTDOWN, not executed"
+truncate -s 4M "$T/sd.img"
+start_server "$T/sd.img"
+"$PY" - "$URI" "$SERVER_PID" <<'PYEOF' || fail "ESHUTDOWN not seen"
+import errno, os, signal, sys, time, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"a" * 4096, 0)
+h.flush()
+os.kill(int(sys.argv[2]), signal.SIGTERM)
+time.sleep(0.3)
+try:
+    h.pwrite(b"b" * 4096, 0)
+    sys.exit("a write after SIGTERM was executed")
+except nbd.Error as e:
+    if e.errno not in (errno.ESHUTDOWN, "ESHUTDOWN"):  # a name in python3-nbd
+        sys.exit("errno %s, want ESHUTDOWN" % e.errno)
+h.shutdown()
+PYEOF
+stop_server_wait() {
+  local i
+  for i in $(seq 100); do _pid_alive "$SERVER_PID" || break; sleep 0.05; done
+}
+stop_server_wait
+_pid_alive "$SERVER_PID" && fail "server still running after its client left"
+wait "$SERVER_PID" || fail "server exit status $?"
+SERVER_PID=
+head -c 4096 "$T/sd.img" | tr -d a | grep -q . && fail "the refused write landed"
+ok "ESHUTDOWN; the write did not land; the server exited 0 once the client left"
+
 echo "PASS"
