@@ -14,6 +14,7 @@ PACKAGES=(
   fdisk                                   # sfdisk: partitioned disks for the mount tests
   qemu-system-common                      # qemu-storage-daemon: FUSE export, for contrib/bench/mount-bench.sh
   e2fsprogs                               # mkfs.ext4 on mounted partition files
+  qemu-system-x86 busybox-static cpio     # the test guest (contrib/guest/) for vhost
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
