@@ -630,11 +630,12 @@ static int pl_list_exports(struct bd *bd, bool readonly,
 
 /* ---- loading ---- */
 
+/* The library stays mapped (no dlclose): a thread the plugin left running
+ * keeps its code, and what the plugin still points at from its globals is
+ * not a leak. */
 static void plugin_free(struct plugin *pl) {
   if (!pl)
     return;
-  if (pl->dl)
-    dlclose(pl->dl);
   free_strings(pl->strings, pl->nstrings);
   free_strings(pl->interns, pl->ninterns);
   pthread_mutex_destroy(&pl->lock);

@@ -68,6 +68,7 @@ static const char mount_usage[] =
 struct mount_opts {
   const char *source, *mountpoint, *format, *name, *pid_file, *log_file;
   const char *plugin;
+  char *plugin_source; /* the source built from --plugin, owned */
   bool readonly, foreground, allow_other, no_partitions, direct_io;
   unsigned threads, workers;
 };
@@ -392,7 +393,8 @@ static int plugin_source(int argc, char **argv, struct mount_opts *o) {
     return -1;
   }
   o->mountpoint = argv[argc - 1];
-  o->source = plugin_spec(o->plugin, argv + optind, argc - optind - 1);
+  o->source = o->plugin_source =
+      plugin_spec(o->plugin, argv + optind, argc - optind - 1);
   if (!o->name)
     o->name =
         strchr(o->plugin, '/') || strchr(o->plugin, '.') ? "disk" : o->plugin;
@@ -498,5 +500,7 @@ int mount_main(int argc, char **argv) {
   struct mount_opts o = {.threads = 4, .direct_io = true};
   if (parse_opts(argc, argv, &o) < 0)
     return 2;
-  return mount_run(&o);
+  int r = mount_run(&o);
+  free(o.plugin_source);
+  return r;
 }
