@@ -220,8 +220,10 @@ static struct pl_conn *cur(void) {
  * pattern do: a hand-off to a worker costs more than the call.  The
  * moving average of call times decides, starting high so that the first
  * calls go to the pool; a plugin whose calls block (curl, ssh, a file on
- * a disk) soon stays on the pool. */
+ * a disk) soon stays on the pool.  Only small requests count: a large
+ * copy is slow in any plugin, and goes to the pool. */
 #define INLINE_MAX_NS 20000
+#define INLINE_MAX_LEN (64 * 1024) /* larger requests: the pool, untimed */
 #define EMA_START_NS 1000000
 
 static uint64_t now_ns(void) {
@@ -230,7 +232,9 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void record_time(struct plugin *pl, uint64_t start) {
+static void record_time(struct plugin *pl, uint64_t len, uint64_t start) {
+  if (len > INLINE_MAX_LEN)
+    return;
   uint64_t dt = now_ns() - start;
   uint64_t ema = atomic_load_explicit(&pl->ema_ns, memory_order_relaxed);
   ema = ema - ema / 8 + dt / 8; /* racy updates only blur the average */
@@ -246,7 +250,7 @@ static int do_pread(struct bd *bd, struct pl_conn *c, void *buf, uint64_t len,
                        : pl->p.pread(c->handle, buf, (uint32_t)len, off, 0);
   r = r < 0 ? call_failed(pl, "pread") : 0;
   call_end();
-  record_time(pl, start);
+  record_time(pl, len, start);
   return r;
 }
 
@@ -261,7 +265,7 @@ static int do_pwrite(struct bd *bd, struct pl_conn *c, const void *buf,
                                       fua ? NBDKIT_FLAG_FUA : 0);
   r = r < 0 ? call_failed(pl, "pwrite") : 0;
   call_end();
-  record_time(pl, start);
+  record_time(pl, len, start);
   return r;
 }
 
@@ -277,7 +281,7 @@ static int pl_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
 /* The core offers only reads and writes without FUA of PARALLEL devices. */
 static int pl_try_nowait(struct bd *bd, struct bd_req *req) {
   struct plugin *pl = bd->priv;
-  if (!req->conn ||
+  if (!req->conn || req->length > INLINE_MAX_LEN ||
       atomic_load_explicit(&pl->ema_ns, memory_order_relaxed) > INLINE_MAX_NS)
     return -EAGAIN;
   struct pl_conn *c = req->conn->priv;

@@ -9,12 +9,15 @@
 # PARALLEL), and the same for the overlap test plugin with
 # model=serialize_all_requests delay=0 when it is built.
 #
-# usage: contrib/bench/plugin-bench.sh [SECONDS-PER-RUN] [BUILD-DIR]
-# Numbers move ±20% between runs: compare within a run.
+# usage: contrib/bench/plugin-bench.sh [SECONDS-PER-RUN] [BUILD-DIR] [ROUNDS]
+# Each round runs blockport then nbdkit on the memory plugin; the ratio
+# printed last is the median of the rounds' ratios.  Numbers move ±20%
+# between runs on a busy machine: compare within a run.
 set -euo pipefail
 RT=${1:-10}
 BUILD=$(readlink -f "${2:-$(dirname "$0")/../../build}")
 BP=$BUILD/blockport
+ROUNDS=${3:-1}
 for t in fio nbdkit nbdcopy; do
   command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
 done
@@ -56,13 +59,19 @@ measure() { # name cmd...
 }
 
 echo "blockport: $BP ($("$BP" --version)); nbdkit $(nbdkit --version | cut -d' ' -f2); $(nproc) CPUs; $RT s per run"
-measure "blockport --plugin memory" "$BP" serve -u "$SOCK" --plugin memory size=1G
-measure "nbdkit memory" nbdkit -f -U "$SOCK" memory size=1G
+RATIOS=()
+for r in $(seq "$ROUNDS"); do
+  measure "blockport --plugin memory" "$BP" serve -u "$SOCK" --plugin memory size=1G
+  measure "nbdkit memory" nbdkit -f -U "$SOCK" memory size=1G
+  RATIOS+=("$(awk -v a="${IOPS[blockport --plugin memory]}" \
+    -v b="${IOPS[nbdkit memory]}" 'BEGIN { printf "%.2f", a / b }')")
+done
 OV=$BUILD/tests/nbdkit-overlap2-plugin.so
 if [ -f "$OV" ]; then
   P=(model=serialize_all_requests delay=0 size=1G)
   measure "blockport --plugin overlap (s_a_r)" "$BP" serve -u "$SOCK" --plugin "$OV" "${P[@]}"
   measure "nbdkit overlap (s_a_r)" nbdkit -f -U "$SOCK" "$OV" "${P[@]}"
 fi
-awk -v a="${IOPS[blockport --plugin memory]}" -v b="${IOPS[nbdkit memory]}" \
-  'BEGIN { printf "memory plugin, blockport / nbdkit: %.2fx\n", a / b }'
+echo "memory plugin, blockport / nbdkit per round: ${RATIOS[*]}"
+printf '%s\n' "${RATIOS[@]}" | sort -n |
+  awk '{ v[NR] = $1 } END { printf "median: %.2fx\n", v[int((NR + 1) / 2)] }'
