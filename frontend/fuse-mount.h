@@ -21,8 +21,7 @@ struct fm_config {
   bool allow_other;       /* let other users in (mode 0666 / 0444) */
   bool direct_io;         /* bypass the kernel page cache (--cache=none) */
   bool partitions;        /* expose NAME-pN files for an MBR or GPT */
-  unsigned threads;       /* FUSE threads at most */
-  bool clone_fd;          /* one /dev/fuse descriptor per thread */
+  unsigned threads;       /* threads receiving FUSE requests */
   /* Called once, on a FUSE thread, when the kernel has initialised the
    * mount: from then on it serves. */
   void (*live)(void *opaque);

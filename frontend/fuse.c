@@ -24,6 +24,7 @@
 #include "../core/blockdev.h"
 #include "../core/log.h"
 #include "disk.h"
+#include "fuse-loop.h"
 #include "fuse-mount.h"
 #include "partition.h"
 
@@ -34,9 +35,8 @@
 #define WALK_STEP (1ull << 30) /* block status asked per step */
 #define WALK_EXTENTS 1024      /* extents per step */
 #define DRAIN_SECONDS 60       /* wait for requests in flight at exit */
-#define KICK_SIGNAL SIGUSR1    /* wakes the loop's main thread */
-#define BIG_IO (128u * 1024)   /* larger requests reuse cached buffers */
-#define BIG_CACHED 32          /* buffers of MAX_IO kept for reuse */
+#define BIG_IO (128u * 1024)   /* larger requests use the loop's buffers */
+#define BIG_CACHED 32          /* loop buffers kept for reuse */
 #define REPLIERS 2             /* threads that copy large reads out */
 
 struct mfile {
@@ -68,19 +68,12 @@ struct fm {
   /* Requests in flight, for the drain at exit. */
   atomic_uint inflight;
   atomic_bool stopping;
-  /* The loop, for fm_stop(). */
-  pthread_mutex_t run_lock;
+  struct fuse_loop *loop;
+  pthread_mutex_t run_lock; /* idle, and the error log's fields */
   pthread_cond_t idle;
-  pthread_t loop_thread;
-  bool running, loop_done;
   /* Error log rate limit. */
   time_t last_error_log;
   unsigned errors_unlogged;
-  /* Large request buffers for reuse: a fresh 1 MiB allocation is mapped
-   * and faulted in page by page, which costs more than the copy into it. */
-  pthread_mutex_t big_lock;
-  struct fio *big[BIG_CACHED];
-  unsigned nbig;
   /* Large read replies of an asynchronous source, copied into the kernel
    * by these threads rather than by the source's event thread. */
   pthread_mutex_t reply_lock;
@@ -357,54 +350,37 @@ struct fio {
   struct fm *m;
   fuse_req_t req;
   uint64_t file_off; /* for messages */
-  bool big;          /* MAX_IO bytes of data, from and back to the cache */
+  void *block;       /* a loop buffer holding the data, given back at the end */
   struct fio *next;  /* on the reply queue */
-  uint8_t data[];
+  uint8_t data[];    /* the data of small requests */
 };
 
-static struct fio *fio_alloc(struct fm *m, size_t datalen) {
-  struct fio *io = NULL;
-  bool big = datalen > BIG_IO && datalen <= MAX_IO;
-  if (big) {
-    pthread_mutex_lock(&m->big_lock);
-    if (m->nbig > 0)
-      io = m->big[--m->nbig];
-    pthread_mutex_unlock(&m->big_lock);
-    if (!io)
-      io = malloc(sizeof *io + MAX_IO);
-  } else {
-    io = malloc(sizeof *io + datalen);
-  }
-  if (io)
-    io->big = big;
-  return io;
-}
-
-static void fio_free(struct fm *m, struct fio *io) {
-  if (io->big) {
-    pthread_mutex_lock(&m->big_lock);
-    if (m->nbig < BIG_CACHED) {
-      m->big[m->nbig++] = io;
-      io = NULL;
-    }
-    pthread_mutex_unlock(&m->big_lock);
-  }
-  free(io);
-}
-
-static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen) {
-  struct fio *io = fio_alloc(m, datalen);
+/* A request with room for DATALEN bytes at *DATA: inline when small, else
+ * in a loop buffer. */
+static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen,
+                           uint8_t **data) {
+  bool big = datalen > BIG_IO;
+  struct fio *io = malloc(sizeof *io + (big ? 0 : datalen));
   if (!io)
     return NULL;
+  io->block = big ? fl_buf_get(m->loop) : NULL;
+  if (big && (!io->block || datalen > FL_BUF_SIZE)) {
+    fl_buf_put(m->loop, io->block);
+    free(io);
+    return NULL;
+  }
   io->m = m;
   io->req = req;
+  if (data)
+    *data = big ? io->block : io->data;
   inflight_get(m);
   return io;
 }
 
 static void fio_end(struct fio *io) {
   struct fm *m = io->m;
-  fio_free(m, io);
+  fl_buf_put(m->loop, io->block);
+  free(io);
   inflight_put(m);
 }
 
@@ -445,7 +421,7 @@ static void *replier(void *arg) {
     if (!m->reply_head)
       m->reply_tail = &m->reply_head;
     pthread_mutex_unlock(&m->reply_lock);
-    fuse_reply_buf(io->req, (const char *)io->data, io->dr.length);
+    fuse_reply_buf(io->req, io->dr.buf, io->dr.length);
     fio_end(io);
     pthread_mutex_lock(&m->reply_lock);
   }
@@ -484,7 +460,7 @@ static void read_done(struct disk_req *r, int err) {
   else if (reply_later(io->m, io))
     return;
   else
-    fuse_reply_buf(io->req, (const char *)io->data, r->length);
+    fuse_reply_buf(io->req, r->buf, r->length);
   fio_end(io);
 }
 
@@ -509,7 +485,7 @@ static void status_done(struct disk_req *r, int err) {
 /* Submit a request without data: flush, zero. */
 static void submit_status(struct fm *m, fuse_req_t req, enum bd_cmd cmd,
                           uint32_t flags, uint64_t off, uint64_t len) {
-  struct fio *io = fio_new(m, req, 0);
+  struct fio *io = fio_new(m, req, 0, NULL);
   if (!io) {
     fuse_reply_err(req, ENOMEM);
     return;
@@ -626,7 +602,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   uint64_t n =
       f->length - (uint64_t)off < size ? f->length - (uint64_t)off : size;
-  struct fio *io = fio_new(m, req, n);
+  uint8_t *data;
+  struct fio *io = fio_new(m, req, n, &data);
   if (!io) {
     fuse_reply_err(req, ENOMEM);
     return;
@@ -635,9 +612,29 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   io->dr = (struct disk_req){.cmd = BD_READ,
                              .offset = f->offset + (uint64_t)off,
                              .length = n,
-                             .buf = io->data,
+                             .buf = data,
                              .done = read_done};
   disk_submit(&m->disk, &io->dr);
+}
+
+/* A write request holding N bytes of BUF: a large one keeps the buffer
+ * the request arrived in; a small one copies (cheaper than a buffer). */
+static struct fio *write_request(struct fm *m, fuse_req_t req, const char *buf,
+                                 size_t n) {
+  void *block = n > BIG_IO ? fl_take_request_buf(buf) : NULL;
+  uint8_t *data = (uint8_t *)buf;
+  struct fio *io = fio_new(m, req, block ? 0 : n, block ? NULL : &data);
+  if (!io) {
+    fl_buf_put(m->loop, block);
+    return NULL;
+  }
+  if (block)
+    io->block = block;
+  else
+    memcpy(data, buf, n);
+  io->dr = (struct disk_req){
+      .cmd = BD_WRITE, .length = n, .buf = data, .done = write_done};
+  return io;
 }
 
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
@@ -660,19 +657,13 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
   /* A write across the end is short; the rest then gets ENOSPC. */
   uint64_t n =
       f->length - (uint64_t)off < size ? f->length - (uint64_t)off : size;
-  /* The data is copied: libfuse reuses BUF as soon as we return. */
-  struct fio *io = fio_new(m, req, n);
+  struct fio *io = write_request(m, req, buf, n);
   if (!io) {
     fuse_reply_err(req, ENOMEM);
     return;
   }
-  memcpy(io->data, buf, n);
   io->file_off = (uint64_t)off;
-  io->dr = (struct disk_req){.cmd = BD_WRITE,
-                             .offset = f->offset + (uint64_t)off,
-                             .length = n,
-                             .buf = io->data,
-                             .done = write_done};
+  io->dr.offset = f->offset + (uint64_t)off;
   disk_submit(&m->disk, &io->dr);
 }
 
@@ -913,9 +904,7 @@ static void fm_free(struct fm *m) {
   }
   free(m->files);
   free(m->mountpoint);
-  for (unsigned i = 0; i < m->nbig; i++)
-    free(m->big[i]);
-  pthread_mutex_destroy(&m->big_lock);
+  fl_free(m->loop);
   pthread_cond_destroy(&m->idle);
   pthread_mutex_destroy(&m->run_lock);
   disk_fini(&m->disk);
@@ -936,7 +925,6 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     return NULL;
   }
   pthread_mutex_init(&m->run_lock, NULL);
-  pthread_mutex_init(&m->big_lock, NULL);
   pthread_cond_init(&m->idle, NULL);
   m->bd = bd;
   m->cfg = *cfg;
@@ -957,6 +945,10 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     goto fail;
   if (!(m->se = session_new(m)))
     goto fail;
+  if (!(m->loop = fl_new(m->se, cfg->threads, BIG_CACHED))) {
+    fuse_session_destroy(m->se);
+    goto fail;
+  }
   repliers_start(m);
   if (fuse_session_mount(m->se, m->mountpoint) != 0) {
     log_error("cannot mount on %s", m->mountpoint);
@@ -971,57 +963,12 @@ fail:
 
 /* ---- running and stopping ---- */
 
-static void kicked(int sig) {
-  (void)sig; /* only interrupts the loop's wait */
-}
-
 int fm_run(struct fm *m) {
-  struct sigaction sa = {.sa_handler = kicked}; /* no SA_RESTART */
-  sigemptyset(&sa.sa_mask);
-  sigaction(KICK_SIGNAL, &sa, NULL);
-  sigset_t kick;
-  sigemptyset(&kick);
-  sigaddset(&kick, KICK_SIGNAL);
-  pthread_sigmask(SIG_UNBLOCK, &kick, NULL);
-
-  struct fuse_loop_config *lc = fuse_loop_cfg_create();
-  if (!lc)
-    return -1;
-  fuse_loop_cfg_set_max_threads(lc, m->cfg.threads);
-  fuse_loop_cfg_set_idle_threads(lc, m->cfg.threads);
-  fuse_loop_cfg_set_clone_fd(lc, m->cfg.clone_fd);
-  pthread_mutex_lock(&m->run_lock);
-  m->loop_thread = pthread_self();
-  m->running = true;
-  pthread_mutex_unlock(&m->run_lock);
-
-  int r = fuse_session_loop_mt(m->se, lc);
-
-  pthread_mutex_lock(&m->run_lock);
-  m->running = false;
-  m->loop_done = true;
-  pthread_mutex_unlock(&m->run_lock);
-  fuse_loop_cfg_destroy(lc);
-  if (r < 0)
-    log_error("FUSE loop: %s", strerror(-r));
-  return r < 0 ? -1 : 0;
+  return fl_run(m->loop);
 }
 
-/* fuse_session_exit() only sets a flag: the loop's main thread sleeps
- * until a signal interrupts it, so keep interrupting until the loop has
- * returned (a single signal could land just before it sleeps). */
 void fm_stop(struct fm *m) {
-  fuse_session_exit(m->se);
-  for (;;) {
-    pthread_mutex_lock(&m->run_lock);
-    bool kick = m->running && !m->loop_done;
-    pthread_t t = m->loop_thread;
-    pthread_mutex_unlock(&m->run_lock);
-    if (!kick)
-      return;
-    pthread_kill(t, KICK_SIGNAL);
-    usleep(20000);
-  }
+  fl_stop(m->loop);
 }
 
 /* Wait for requests in flight; false if some are still out after the

@@ -35,7 +35,7 @@ cleanup() {
     grep -qs " $m fuse" /proc/mounts && fusermount3 -u -z "$m"
   done
   kill $(jobs -p) 2>/dev/null
-  for p in "$W"/*.pid; do [ -s "$p" ] && kill "$(cat "$p")" 2>/dev/null; done
+  for p in "$W"/*.pid; do [ -s "$p" ] && kill "$(cat "$p" 2>/dev/null)" 2>/dev/null; done
   wait 2>/dev/null
   sleep 0.5
   rm -rf "$W"
