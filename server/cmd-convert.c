@@ -12,6 +12,7 @@
 
 #include "../core/blockdev.h"
 #include "../core/pool.h"
+#include "../formats/formats.h"
 #include "../formats/qcow2/create.h"
 #include "commands.h"
 
@@ -21,13 +22,18 @@
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-f FMT] -O raw|qcow2 SRC DST\n"
+    "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
+    "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
     "into a new image DST, skipping ranges that read as zeroes, with many\n"
     "requests in flight.  DST is created (or overwritten).\n"
     "  -p            show progress on a terminal\n"
     "  -c            compress the clusters of a qcow2 DST (deflate)\n"
     "  -f FMT        format of SRC instead of probing\n"
-    "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n";
+    "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n"
+    "  --plugin PLUGIN  SRC is an nbdkit plugin (a .so path or a name in\n"
+    "                nbdkit's plugin directory) with its KEY=VALUE "
+    "parameters\n";
 
 /* One request slot: read from the source, then write to the destination. */
 struct slot {
@@ -225,11 +231,16 @@ out:
 }
 
 int convert_main(int argc, char **argv) {
-  const char *sfmt = NULL, *ofmt = NULL;
+  static const struct option longopts[] = {
+      {"plugin", required_argument, NULL, 'G'},
+      {"help", no_argument, NULL, 'h'},
+      {0, 0, 0, 0}};
+  const char *sfmt = NULL, *ofmt = NULL, *plugin = NULL;
   bool progress = false, compress = false;
   int ch;
-  while ((ch = getopt(argc, argv, "pcf:O:h")) != -1) {
+  while ((ch = getopt_long(argc, argv, "pcf:O:h", longopts, NULL)) != -1) {
     switch (ch) {
+    case 'G': plugin = optarg; break;
     case 'p': progress = true; break;
     case 'c': compress = true; break;
     case 'f': sfmt = optarg; break;
@@ -238,22 +249,31 @@ int convert_main(int argc, char **argv) {
     default: fputs(convert_usage, stderr); return 2;
     }
   }
-  if (optind + 2 != argc || !ofmt ||
+  /* --plugin: the last argument is DST, the others the parameters. */
+  char *spec = plugin && optind < argc
+                   ? plugin_spec(plugin, argv + optind, argc - optind - 1)
+                   : NULL;
+  if ((plugin ? !spec : optind + 2 != argc) || !ofmt ||
       (strcmp(ofmt, "raw") != 0 && strcmp(ofmt, "qcow2") != 0)) {
     fputs(convert_usage, stderr);
+    free(spec);
     return 2;
   }
   if (compress && strcmp(ofmt, "qcow2") != 0) {
     fprintf(stderr, "blockport convert: -c needs -O qcow2\n");
+    free(spec);
     return 2;
   }
   /* Four workers: more only contend for the destination file's inode
    * lock (buffered writes to one file serialise in the kernel); reads from
    * the page cache do not need them. */
-  if (bd_pool_start(4) < 0)
+  if (bd_pool_start(4) < 0) {
+    free(spec);
     return 1;
-  int r =
-      convert(argv[optind], sfmt, argv[optind + 1], ofmt, progress, compress);
+  }
+  int r = convert(spec ? spec : argv[optind], sfmt, argv[argc - 1], ofmt,
+                  progress, compress);
   bd_pool_stop();
+  free(spec);
   return r;
 }

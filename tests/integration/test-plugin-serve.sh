@@ -3,10 +3,11 @@
 # blockport.  Each plugin's content (nbdcopy checksum) and extents
 # (nbdinfo --map) equal what the same plugin gives under nbdkit: memory
 # (after the same writes), data, pattern, sparse-random, null, zero,
-# partitioning and file.  A plugin that refuses its configuration, or a
-# plugin that does not exist, gives a clear error and a non-zero exit.
+# partitioning and file; convert --plugin copies one into an image.  A
+# plugin that refuses its configuration, or a plugin that does not exist,
+# gives a clear error and a non-zero exit.
 source "$(dirname "$0")/lib.sh"
-require nbdkit nbdinfo nbdcopy qemu-io md5sum
+require nbdkit nbdinfo nbdcopy qemu-io qemu-img md5sum
 PLUGINDIR=/usr/lib/x86_64-linux-gnu/nbdkit/plugins
 for p in memory data pattern sparse-random null zero partitioning file; do
     [[ -e $PLUGINDIR/nbdkit-$p-plugin.so ]] || skip "no nbdkit $p plugin"
@@ -87,3 +88,16 @@ refused "nbdkit plugin 'nosuch'" --plugin nosuch
 refused "cannot load nbdkit plugin" --plugin "$T/f.raw"
 refused "unknown parameter" --plugin pattern size=1M colour=blue
 refused "-D pattern.nosuch=1" -D pattern.nosuch=1 --plugin pattern size=1M
+
+check "convert --plugin: a plugin's disk copied into raw and qcow2 images"
+run "$BLOCKPORT" convert -O raw --plugin pattern size=8M "$T/cv.raw" ||
+    fail "convert to raw"
+nbdkit -U - pattern size=8M --run 'nbdcopy "$uri" -' | cmp - cv.raw ||
+    fail "raw copy differs from the plugin's content"
+run "$BLOCKPORT" convert -O qcow2 --plugin data 'data=1 2 3 @1048576 0xff' \
+    size=4M "$T/cv.qcow2" || fail "convert to qcow2"
+[[ $(qemu-img map cv.qcow2 | tail -n +2 | wc -l) -eq 2 ]] ||
+    { qemu-img map cv.qcow2; fail "only the data plugin's two extents hold data"; }
+nbdkit -U - data 'data=1 2 3 @1048576 0xff' size=4M \
+    --run 'qemu-img compare -q -F raw cv.qcow2 "$uri"' || fail "qcow2 copy differs"
+ok "pattern to raw, data to qcow2 (its holes left unallocated)"
