@@ -1117,6 +1117,7 @@ struct bd *nbd_source_open(const char *uri, bool readonly) {
     bd_set_error("nbd %s: cannot start its event thread", uri);
     goto fail;
   }
+  pthread_setname_np(d->thread, "bp-nbd-events");
   if (d->nconns > 1)
     log_debug("nbd %s: %u connections", uri, d->nconns);
   bd->priv = d;
