@@ -1,5 +1,5 @@
 /* The FUSE request loop and its buffer pool: see fuse-loop.h. */
-#define FUSE_USE_VERSION 312
+#define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>
 
 #include "fuse-loop.h"

@@ -6,13 +6,12 @@
  * (offset, length) of the one disk.  Reads, writes, flushes, trims and
  * block status go to the disk with disk_submit() and are answered from the
  * completion, which may run on any thread. */
-#define FUSE_USE_VERSION 312 /* 3.12: fuse_loop_cfg_*, for --threads */
+#define FUSE_USE_VERSION 35 /* libfuse 3.5 and later (Debian 12: 3.14) */
 #include <fuse_lowlevel.h>
 
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +33,7 @@
 #define ENTRY_TIMEOUT 3600.0   /* the files never change */
 #define WALK_STEP (1ull << 30) /* block status asked per step */
 #define WALK_EXTENTS 1024      /* extents per step */
-#define DRAIN_SECONDS 60       /* wait for requests in flight at exit */
+#define DRAIN_SECONDS 120      /* wait for requests in flight at exit */
 #define BIG_IO (128u * 1024)   /* larger requests use the loop's buffers */
 #define BIG_CACHED 32          /* loop buffers kept for reuse */
 #define REPLIERS 2             /* threads that copy large reads out */
@@ -509,6 +508,9 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
   /* O_TRUNC comes as a setattr, which a disk answers by keeping its size;
    * an atomic O_TRUNC would make the kernel believe the size is 0. */
   conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
+  /* Requests arrive in memory buffers, which a write may keep (see
+   * fuse-loop.h); spliced ones would arrive in a pipe. */
+  conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
   if (m->cfg.live)
     m->cfg.live(m->cfg.opaque);
 }
