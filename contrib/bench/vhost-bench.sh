@@ -16,7 +16,7 @@ RT=${1:-20}
 HERE=$(dirname "$(readlink -f "$0")")
 BP=$(readlink -f "${2:-$HERE/../../build/blockport}")
 W=$(mktemp -d /tmp/vhost-bench.XXXX)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
 
 # The guest: fio and a script that runs it on /dev/vda.
 cat >"$W/run.sh" <<EOF
