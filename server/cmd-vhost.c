@@ -19,6 +19,8 @@
 
 static const char vhost_usage[] =
     "Usage: blockport vhost --socket PATH [OPTIONS] SOURCE\n"
+    "       blockport vhost --socket PATH [OPTIONS] --plugin PLUGIN "
+    "[KEY=VALUE...]\n"
     "Serve a disk to QEMU as a vhost-user-blk device.\n"
     "\n"
     "SOURCE is an NBD URI (nbd://, nbd+unix://), an image file (raw or\n"
@@ -44,6 +46,10 @@ static const char vhost_usage[] =
     "this\n"
     "                          long without the server (default 30; 0 waits)\n"
     "      --serial STRING     the disk's serial number (GET_ID, 20 bytes)\n"
+    "      --plugin PLUGIN     the source is an nbdkit plugin: a .so path or\n"
+    "                          a name in nbdkit's plugin directory, with\n"
+    "                          its KEY=VALUE parameters\n"
+    "  -D NAME.FLAG=N          set an nbdkit plugin's debug flag\n"
     "  -w, --workers N         worker threads for image files (default 16)\n"
     "      --l2-cache-size SIZE  qcow2 L2 cache (default 32M)\n"
     "      --once              exit when the first front end disconnects\n"
@@ -55,7 +61,8 @@ static const char vhost_usage[] =
 
 struct vhost_opts {
   struct vhu_options vhu;
-  const char *source, *format, *pid_file;
+  const char *source, *format, *pid_file, *plugin;
+  char *plugin_source; /* built from --plugin, owned */
   unsigned workers;
 };
 
@@ -76,7 +83,7 @@ static int bad_value(const char *opt, const char *v) {
 }
 
 static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
-  enum { OPT_TIMEOUT = 256, OPT_SERIAL, OPT_L2, OPT_ONCE };
+  enum { OPT_TIMEOUT = 256, OPT_SERIAL, OPT_L2, OPT_ONCE, OPT_PLUGIN };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, 's'},
       {"queues", required_argument, NULL, 'q'},
@@ -88,6 +95,7 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       {"workers", required_argument, NULL, 'w'},
       {"l2-cache-size", required_argument, NULL, OPT_L2},
       {"once", no_argument, NULL, OPT_ONCE},
+      {"plugin", required_argument, NULL, OPT_PLUGIN},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -96,7 +104,7 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
   int c;
   unsigned v;
   uint64_t size;
-  while ((c = getopt_long(argc, argv, "s:q:rf:C:w:P:vh", longopts, NULL)) !=
+  while ((c = getopt_long(argc, argv, "s:q:rf:C:w:P:D:vh", longopts, NULL)) !=
          -1) {
     switch (c) {
     case 's': o->vhu.socket_path = optarg; break;
@@ -127,17 +135,31 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       qcow2_l2_cache_bytes = size;
       break;
     case OPT_ONCE: o->vhu.once = true; break;
+    case OPT_PLUGIN: o->plugin = optarg; break;
+    case 'D':
+      if (plugin_add_debug_flag(optarg) < 0)
+        return bad_value("debug flag", optarg);
+      break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case 'h': fputs(vhost_usage, stdout); exit(0);
     default: fputs(vhost_usage, stderr); return -1;
     }
   }
-  if (optind + 1 != argc || !o->vhu.socket_path) {
+  if (!o->vhu.socket_path || (!o->plugin && optind + 1 != argc)) {
     fputs(vhost_usage, stderr);
     return -1;
   }
-  o->source = argv[optind];
+  if (o->plugin) {
+    o->source = o->plugin_source =
+        plugin_spec(o->plugin, argv + optind, argc - optind);
+    if (!o->source) {
+      fprintf(stderr, "blockport vhost: %s\n", bd_errmsg());
+      return -1;
+    }
+  } else {
+    o->source = argv[optind];
+  }
   return 0;
 }
 
@@ -196,5 +218,7 @@ int vhost_main(int argc, char **argv) {
   struct vhost_opts o = {.vhu = {.queues = 16}};
   if (parse_opts(argc, argv, &o) < 0)
     return 2;
-  return vhost_run(&o);
+  int r = vhost_run(&o);
+  free(o.plugin_source);
+  return r;
 }

@@ -236,6 +236,21 @@ def case_queue_depth_over_nbd(env):
     env.stop(p)
 
 
+def case_nbdkit_plugin(env):
+    if not os.path.exists("/usr/lib/x86_64-linux-gnu/nbdkit/plugins/"
+                          "nbdkit-pattern-plugin.so"):
+        raise Skip("nbdkit's pattern plugin is not installed")
+    # argv: vhost ... --plugin pattern size=64M
+    p = env.vhost("size=64M", "--plugin", "pattern")
+    fe, g, q, blk, f = session(env, p.sock)
+    eq(blk.run(0, T_IN, 2048, nbytes=4096)[0], S_OK, "read")
+    got = g.read_fast(blk.slot_data(0), 4096)
+    want = b"".join(struct.pack(">Q", 2048 * 512 + 8 * i) for i in range(512))
+    eq(got, want, "the pattern plugin's bytes")
+    fe.close()
+    env.stop(p)
+
+
 def case_readonly(env):
     p = env.vhost("memory:1M", "--readonly")
     fe, g, q, blk, f = session(env, p.sock)
