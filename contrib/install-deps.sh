@@ -15,6 +15,7 @@ PACKAGES=(
   qemu-system-common                      # qemu-storage-daemon: FUSE export, for contrib/bench/mount-bench.sh
   e2fsprogs                               # mkfs.ext4 on mounted partition files
   qemu-system-x86 busybox-static cpio     # the test guest (contrib/guest/) for vhost
+  gnutls-bin                              # psktool, certtool: keys for the TLS tests
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -574,6 +574,9 @@ static struct nbd_handle *new_handle(void) {
   if (!h)
     return NULL;
   nbd_set_pread_initialize(h, false); /* buffers are ours, unread on error */
+  /* The URI comes from our own command line, so nbds:// may name its key
+   * file (tls-psk-file=); libnbd refuses that by default. */
+  nbd_set_uri_allow_local_file(h, true);
   nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
   return h;
 }

@@ -23,6 +23,7 @@
 #include "../core/log.h"
 #include "conn.h"
 #include "nbd-protocol.h"
+#include "tls.h"
 
 #define RBUF_SIZE (64 * 1024)
 /* Non-blocking reads tried before sleeping in poll(); see spin_read(). */
@@ -31,12 +32,22 @@
  * larger one means the client is lost, and the connection closes. */
 #define DISCARD_MAX (64ull * 1024 * 1024)
 
-/* ---- blocking I/O for the handshake ---- */
+/* ---- socket I/O: plain, or through TLS after STARTTLS ---- */
 
-static bool read_full(int fd, void *buf, size_t len) {
+static ssize_t conn_recv(struct conn *c, void *buf, size_t len) {
+  return c->tls ? tls_recv(c->tls, buf, len) : read(c->fd, buf, len);
+}
+
+static ssize_t conn_send(struct conn *c, const void *buf, size_t len) {
+  return c->tls ? tls_send(c->tls, buf, len)
+                : send(c->fd, buf, len, MSG_NOSIGNAL);
+}
+
+/* Blocking, for the handshake. */
+static bool read_full(struct conn *c, void *buf, size_t len) {
   uint8_t *p = buf;
   while (len > 0) {
-    ssize_t n = read(fd, p, len);
+    ssize_t n = conn_recv(c, p, len);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
@@ -47,10 +58,10 @@ static bool read_full(int fd, void *buf, size_t len) {
   return true;
 }
 
-static bool write_full(int fd, const void *buf, size_t len) {
+static bool write_full(struct conn *c, const void *buf, size_t len) {
   const uint8_t *p = buf;
   while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    ssize_t n = conn_send(c, p, len);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
@@ -61,11 +72,11 @@ static bool write_full(int fd, const void *buf, size_t len) {
   return true;
 }
 
-static bool discard_bytes(int fd, uint64_t len) {
+static bool discard_bytes(struct conn *c, uint64_t len) {
   uint8_t tmp[4096];
   while (len > 0) {
     size_t n = len < sizeof tmp ? (size_t)len : sizeof tmp;
-    if (!read_full(fd, tmp, n))
+    if (!read_full(c, tmp, n))
       return false;
     len -= n;
   }
@@ -73,7 +84,7 @@ static bool discard_bytes(int fd, uint64_t len) {
 }
 
 static bool flush_out(struct conn *c, struct hs_out *out) {
-  bool ok = !out->oom && write_full(c->fd, out->buf, out->len);
+  bool ok = !out->oom && write_full(c, out->buf, out->len);
   out->len = 0;
   return ok;
 }
@@ -89,16 +100,30 @@ static bool open_device_conn(struct conn *c, int idx) {
   return c->bconn != NULL;
 }
 
+/* After the ACK to STARTTLS: the TLS handshake on the same socket. */
+static bool start_tls(struct conn *c, struct hs_state *hs) {
+  char who[100];
+  snprintf(who, sizeof who, "connection %u (%s)", c->id, c->peer);
+  c->tls_wbuf = malloc(TLS_RECORD_MAX);
+  if (!c->tls_wbuf)
+    return false;
+  c->tls = tls_accept(c->srv->tls_creds, c->fd, who);
+  if (!c->tls)
+    return false;
+  hs_tls_started(hs);
+  return true;
+}
+
 /* Returns true when the client chose an export and transmission starts. */
 static bool handshake(struct conn *c) {
-  struct hs_state hs = {0};
+  struct hs_state hs = {.tls = c->srv->tls};
   struct hs_out out = {0};
   uint8_t hdr[16];
   bool ok = false;
 
   hs_greeting(&out);
   uint8_t cf[4];
-  if (!flush_out(c, &out) || !read_full(c->fd, cf, 4))
+  if (!flush_out(c, &out) || !read_full(c, cf, 4))
     goto done;
   if (!hs_client_flags(&hs, get_be32(cf))) {
     log_info("connection %u (%s): unknown client flags 0x%x", c->id, c->peer,
@@ -106,7 +131,7 @@ static bool handshake(struct conn *c) {
     goto done;
   }
   for (;;) {
-    if (!read_full(c->fd, hdr, 16))
+    if (!read_full(c, hdr, 16))
       goto done;
     if (get_be64(hdr) != NBD_IHAVEOPT) {
       log_info("connection %u (%s): bad option magic", c->id, c->peer);
@@ -116,13 +141,13 @@ static bool handshake(struct conn *c) {
     enum hs_result res;
     if (len > HS_MAX_OPTION_DATA) {
       if (opt == NBD_OPT_EXPORT_NAME || len > DISCARD_MAX ||
-          !discard_bytes(c->fd, len))
+          !discard_bytes(c, len))
         goto done;
       hs_option_too_big(&hs, opt, &out);
       res = HS_CONTINUE;
     } else {
       CLEANUP_FREE uint8_t *data = malloc(len ? len : 1);
-      if (!data || !read_full(c->fd, data, len))
+      if (!data || !read_full(c, data, len))
         goto done;
       res = hs_option(&hs, &c->srv->catalog, opt, data, len, &out);
     }
@@ -135,6 +160,8 @@ static bool handshake(struct conn *c) {
     log_debug("connection %u: option %u (%u bytes) -> %d", c->id, opt, len,
               (int)res);
     if (!flush_out(c, &out) || res == HS_CLOSE)
+      goto done;
+    if (res == HS_STARTTLS && !start_tls(c, &hs))
       goto done;
     if (res == HS_GO)
       break;
@@ -425,7 +452,7 @@ static enum input read_input(struct conn *c) {
   if (q && c->rstart == c->rend) {
     uint64_t total = nbd_request_payload(&c->tx, &q->r);
     if (total - q->have >= RBUF_SIZE / 2) {
-      n = read(c->fd, q->buf + q->have, total - q->have);
+      n = conn_recv(c, q->buf + q->have, total - q->have);
       if (n > 0) {
         q->have += (uint64_t)n;
         if (q->have == total) {
@@ -438,7 +465,7 @@ static enum input read_input(struct conn *c) {
   }
   if (c->rend == c->rcap)
     return INPUT_NONE; /* full: wait until processing makes room */
-  n = read(c->fd, c->rbuf + c->rend, c->rcap - c->rend);
+  n = conn_recv(c, c->rbuf + c->rend, c->rcap - c->rend);
   if (n > 0)
     c->rend += (size_t)n;
   return read_result(c, n);
@@ -539,6 +566,9 @@ static void transmission(struct conn *c) {
         stop_reading(c);
       continue;
     }
+    /* poll() cannot see what TLS has already decrypted. */
+    if (want_in && c->tls && tls_pending(c->tls) > 0)
+      timeout = 0;
     if (poll(p, 2, timeout) < 0 && errno != EINTR)
       break;
     pthread_mutex_lock(&c->lock);
@@ -551,7 +581,8 @@ static void transmission(struct conn *c) {
     }
     if (p[0].revents & POLLOUT)
       send_writable(c);
-    if (want_in && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+    bool readable = p[0].revents & (POLLIN | POLLHUP | POLLERR);
+    if (want_in && (readable || (c->tls && tls_pending(c->tls) > 0))) {
       if (read_input(c) == INPUT_END)
         stop_reading(c);
     } else if (p[0].revents & (POLLHUP | POLLERR)) {
@@ -578,6 +609,8 @@ static void conn_free(struct conn *c) {
     n = next;
   }
   free(c->rbuf);
+  tls_close(c->tls);
+  free(c->tls_wbuf);
   if (c->wakefd >= 0)
     close(c->wakefd);
   close(c->fd);

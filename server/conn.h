@@ -53,6 +53,12 @@ struct conn {
   struct nbd_tx tx;
   bool ctx_base, ctx_depth;
   struct conn *next; /* in srv->conns */
+  /* After STARTTLS every byte goes through the session.  The sender
+   * stages a record in tls_wbuf; a send that would block is repeated with
+   * the same bytes, as GnuTLS requires. */
+  struct tls_session *tls;
+  uint8_t *tls_wbuf;
+  size_t tls_wlen;
 
   /* Input, touched only by the connection thread. */
   uint8_t *rbuf;

@@ -339,19 +339,52 @@ static void do_extended(struct hs_state *hs, uint32_t len, struct hs_out *out) {
   }
 }
 
+static enum hs_result do_starttls(struct hs_state *hs, uint32_t len,
+                                  struct hs_out *out) {
+  uint32_t opt = NBD_OPT_STARTTLS;
+  if (hs->tls == HS_TLS_OFF)
+    reply_err(out, opt, NBD_REP_ERR_POLICY, "TLS is not available");
+  else if (len != 0)
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "option takes no data");
+  else if (hs->tls_active)
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "TLS is already in use");
+  else {
+    reply_ack(out, opt);
+    return out->oom ? HS_CLOSE : HS_STARTTLS;
+  }
+  return out->oom ? HS_CLOSE : HS_CONTINUE;
+}
+
+void hs_tls_started(struct hs_state *hs) {
+  hs->tls_active = true;
+  hs->structured = hs->extended = false;
+  hs->ctx_base = hs->ctx_depth = false;
+  hs->ctx_export = -1;
+}
+
+/* With --tls require, before TLS: only ABORT and STARTTLS are answered;
+ * EXPORT_NAME cannot be refused but by closing. */
+static bool tls_refused(const struct hs_state *hs, uint32_t opt) {
+  return hs->tls == HS_TLS_REQUIRE && !hs->tls_active && opt != NBD_OPT_ABORT &&
+         opt != NBD_OPT_STARTTLS;
+}
+
 enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
                          uint32_t opt, const uint8_t *data, uint32_t len,
                          struct hs_out *out) {
   if (opt == NBD_OPT_EXPORT_NAME)
-    return do_export_name(hs, cat, data, len, out);
+    return tls_refused(hs, opt) ? HS_CLOSE
+                                : do_export_name(hs, cat, data, len, out);
   if (!hs->fixed)
     return HS_CLOSE; /* old newstyle: no way to reject an option */
+  if (tls_refused(hs, opt)) {
+    reply_err(out, opt, NBD_REP_ERR_TLS_REQD, "TLS is required");
+    return out->oom ? HS_CLOSE : HS_CONTINUE;
+  }
   switch (opt) {
   case NBD_OPT_ABORT: reply_ack(out, opt); return HS_CLOSE;
   case NBD_OPT_LIST: do_list(cat, len, out); break;
-  case NBD_OPT_STARTTLS:
-    reply_err(out, opt, NBD_REP_ERR_POLICY, "TLS is not available");
-    break;
+  case NBD_OPT_STARTTLS: return do_starttls(hs, len, out);
   case NBD_OPT_INFO:
   case NBD_OPT_GO: return do_info_go(hs, cat, opt, data, len, out);
   case NBD_OPT_STRUCTURED_REPLY: do_structured(hs, len, out); break;
@@ -366,6 +399,8 @@ enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
 }
 
 void hs_option_too_big(struct hs_state *hs, uint32_t opt, struct hs_out *out) {
-  (void)hs;
-  reply_err(out, opt, NBD_REP_ERR_TOO_BIG, "option data too large");
+  if (tls_refused(hs, opt))
+    reply_err(out, opt, NBD_REP_ERR_TLS_REQD, "TLS is required");
+  else
+    reply_err(out, opt, NBD_REP_ERR_TOO_BIG, "option data too large");
 }

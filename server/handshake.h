@@ -28,7 +28,16 @@ struct hs_catalog {
 #define HS_CTX_BASE_ALLOCATION 1
 #define HS_CTX_ALLOCATION_DEPTH 2
 
+/* The server's TLS policy (--tls). */
+enum hs_tls {
+  HS_TLS_OFF,     /* STARTTLS is refused */
+  HS_TLS_ON,      /* plain and TLS clients alike */
+  HS_TLS_REQUIRE, /* nothing but ABORT and STARTTLS before TLS */
+};
+
 struct hs_state {
+  enum hs_tls tls; /* set by the caller before the first option */
+  bool tls_active; /* the connection is encrypted now */
   bool fixed;      /* client sent NBD_FLAG_C_FIXED_NEWSTYLE */
   bool no_zeroes;  /* client sent NBD_FLAG_C_NO_ZEROES */
   bool structured; /* structured replies negotiated */
@@ -51,6 +60,8 @@ enum hs_result {
   HS_CONTINUE, /* send the output, read the next option */
   HS_GO,       /* send the output, enter transmission */
   HS_CLOSE,    /* send the output (if any), then close the connection */
+  HS_STARTTLS, /* send the output (an ACK), run the TLS handshake as the
+                  server, then call hs_tls_started() */
 };
 
 /* Greeting: NBDMAGIC, IHAVEOPT, handshake flags. */
@@ -62,6 +73,9 @@ bool hs_client_flags(struct hs_state *hs, uint32_t flags);
 enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
                          uint32_t opt, const uint8_t *data, uint32_t len,
                          struct hs_out *out);
+/* The TLS handshake after HS_STARTTLS succeeded: option haggling starts
+ * over, encrypted, and nothing negotiated in the clear carries over. */
+void hs_tls_started(struct hs_state *hs);
 /* Reply to an option whose data was too large to read (it was discarded). */
 void hs_option_too_big(struct hs_state *hs, uint32_t opt, struct hs_out *out);
 

@@ -14,6 +14,7 @@
 
 #include "../core/log.h"
 #include "conn.h"
+#include "tls.h"
 
 #define SEND_IOV 512
 
@@ -84,14 +85,39 @@ static void drop_all(struct conn *c) {
   c->sq_tail = &c->sq_head;
 }
 
+/* Copy the head of the queue into the TLS record buffer, unless a send
+ * that would have blocked left it there to be repeated. */
+static size_t stage_tls(struct conn *c, const struct iovec *iov, int n) {
+  if (c->tls_wlen > 0)
+    return c->tls_wlen;
+  for (int i = 0; i < n && c->tls_wlen < TLS_RECORD_MAX; i++) {
+    size_t room = TLS_RECORD_MAX - c->tls_wlen;
+    size_t take = iov[i].iov_len < room ? iov[i].iov_len : room;
+    memcpy(c->tls_wbuf + c->tls_wlen, iov[i].iov_base, take);
+    c->tls_wlen += take;
+  }
+  return c->tls_wlen;
+}
+
+/* One write without blocking: sendmsg, or one TLS record. */
+static ssize_t send_some(struct conn *c, struct iovec *iov, int n) {
+  if (!c->tls) {
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    return sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  ssize_t w = tls_send(c->tls, c->tls_wbuf, stage_tls(c, iov, n));
+  if (w >= 0)
+    c->tls_wlen = 0; /* sent (a short send is staged again from the queue) */
+  return w;
+}
+
 /* Write out the queue; called with the lock held and the sending role. */
 static void drain_locked(struct conn *c) {
   struct iovec iov[SEND_IOV];
   while (c->sq_head && !c->dead && !c->send_blocked) {
     int n = gather(c, iov);
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     pthread_mutex_unlock(&c->lock);
-    ssize_t w = sendmsg(c->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t w = send_some(c, iov, n);
     int e = errno;
     pthread_mutex_lock(&c->lock);
     if (w >= 0) {

@@ -25,6 +25,7 @@
 #include "commands.h"
 #include "nbd-protocol.h"
 #include "server.h"
+#include "tls.h"
 
 #define MAX_LISTENERS 16
 /* How long a connection may stay after shutdown begins: its client sees
@@ -40,7 +41,13 @@ struct serve_opts {
   const char *plugin; /* --plugin: the arguments are its parameters */
   bool readonly;
   unsigned workers;
+  const char *tls_certs; /* --tls-certs DIR */
+  const char *tls_psk;   /* --tls-psk FILE */
+  bool tls_verify_peer;
 };
+
+/* Long options without a short form. */
+enum { OPT_TLS = 1000, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
 
 static const char serve_usage[] =
     "Usage: blockport serve [OPTIONS] IMAGE...\n"
@@ -83,6 +90,19 @@ static const char serve_usage[] =
     "fail\n"
     "                            with EIO (default 30; 0: forever)\n"
     "      --plugin PLUGIN       serve an nbdkit plugin (see above)\n"
+    "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
+    "and\n"
+    "                            TLS clients) or require (no option but "
+    "ABORT\n"
+    "                            and STARTTLS answered before TLS)\n"
+    "      --tls-certs DIR       X.509: DIR/server-cert.pem, "
+    "server-key.pem,\n"
+    "                            ca-cert.pem (as QEMU and nbdkit lay them "
+    "out)\n"
+    "      --tls-verify-peer     require client certificates signed by "
+    "ca-cert.pem\n"
+    "      --tls-psk FILE        pre-shared keys: username:hexkey lines "
+    "(psktool)\n"
     "  -D NAME.FLAG=N            set an nbdkit plugin's debug flag "
     "NAME_debug_FLAG\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
@@ -408,8 +428,35 @@ static int run(struct server *srv, int *lfds, int nl, int sfd) {
   }
 }
 
+static int parse_tls_mode(const char *s, enum hs_tls *mode) {
+  if (!strcmp(s, "off"))
+    *mode = HS_TLS_OFF;
+  else if (!strcmp(s, "on"))
+    *mode = HS_TLS_ON;
+  else if (!strcmp(s, "require"))
+    *mode = HS_TLS_REQUIRE;
+  else
+    return -1;
+  return 0;
+}
+
+/* TLS needs credentials, and credentials are no use without TLS. */
+static int check_tls_opts(const struct serve_opts *o, enum hs_tls mode) {
+  bool creds = o->tls_certs || o->tls_psk;
+  const char *err = NULL;
+  if (mode != HS_TLS_OFF && !creds)
+    err = "--tls on|require needs --tls-certs DIR or --tls-psk FILE";
+  else if (mode == HS_TLS_OFF && creds)
+    err = "--tls-certs and --tls-psk need --tls on or --tls require";
+  else if (o->tls_verify_peer && !o->tls_certs)
+    err = "--tls-verify-peer needs --tls-certs DIR";
+  if (err)
+    fprintf(stderr, "blockport serve: %s\n", err);
+  return err ? -1 : 0;
+}
+
 static int parse_opts(int argc, char **argv, struct serve_opts *o,
-                      struct server_limits *lim) {
+                      struct server_limits *lim, enum hs_tls *tls) {
   static const struct option longopts[] = {
       {"unix", required_argument, NULL, 'u'},
       {"port", required_argument, NULL, 'p'},
@@ -424,6 +471,10 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"nbd-connections", required_argument, NULL, 'N'},
       {"nbd-timeout", required_argument, NULL, 'T'},
       {"plugin", required_argument, NULL, 'G'},
+      {"tls", required_argument, NULL, OPT_TLS},
+      {"tls-certs", required_argument, NULL, OPT_TLS_CERTS},
+      {"tls-psk", required_argument, NULL, OPT_TLS_PSK},
+      {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -472,6 +523,13 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
         goto bad;
       break;
     case 'G': o->plugin = optarg; break;
+    case OPT_TLS:
+      if (parse_tls_mode(optarg, tls) < 0)
+        goto bad;
+      break;
+    case OPT_TLS_CERTS: o->tls_certs = optarg; break;
+    case OPT_TLS_PSK: o->tls_psk = optarg; break;
+    case OPT_TLS_VERIFY: o->tls_verify_peer = true; break;
     case 'D':
       if (plugin_add_debug_flag(optarg) < 0) {
         fprintf(stderr, "blockport serve: %s\n", bd_errmsg());
@@ -490,7 +548,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
   }
   if (!o->unix_path && !o->port)
     o->port = "10809";
-  return 0;
+  return check_tls_opts(o, *tls);
 bad:
   fprintf(stderr, "blockport serve: invalid value for option: %s\n", optarg);
   return -1;
@@ -505,7 +563,7 @@ int serve_main(int argc, char **argv) {
       .lock = PTHREAD_MUTEX_INITIALIZER,
       .cond = PTHREAD_COND_INITIALIZER,
   };
-  if (parse_opts(argc, argv, &o, &srv.limits) < 0)
+  if (parse_opts(argc, argv, &o, &srv.limits, &srv.tls) < 0)
     return 2;
 
   /* Signals are taken through a signalfd; block them before any thread
@@ -524,6 +582,10 @@ int serve_main(int argc, char **argv) {
   char *plugin =
       o.plugin ? plugin_spec(o.plugin, argv + optind, argc - optind) : NULL;
   if (o.plugin && !plugin)
+    goto out;
+  if (srv.tls != HS_TLS_OFF &&
+      !(srv.tls_creds =
+            tls_creds_load(o.tls_certs, o.tls_verify_peer, o.tls_psk)))
     goto out;
   if (open_exports(&srv, o.plugin ? &plugin : argv + optind,
                    o.plugin ? 1 : argc - optind, &o) < 0)
@@ -544,6 +606,12 @@ int serve_main(int argc, char **argv) {
       goto out;
     nl += n;
   }
+  if (srv.tls != HS_TLS_OFF)
+    log_info("TLS %s: %s%s%s%s", srv.tls == HS_TLS_REQUIRE ? "required" : "on",
+             o.tls_certs ? "X.509 certificates" : "",
+             o.tls_verify_peer ? " (client certificates required)" : "",
+             o.tls_certs && o.tls_psk ? ", " : "",
+             o.tls_psk ? "pre-shared keys" : "");
   if (o.pid_file && write_pid_file(o.pid_file) < 0)
     goto out;
   log_info("ready: %s%s%s%s%s", o.unix_path ? "unix socket " : "",
@@ -575,6 +643,7 @@ out:
     unlink(o.pid_file);
   if (sfd >= 0)
     close(sfd);
+  tls_creds_free(srv.tls_creds);
   free(plugin);
   return ret;
 }

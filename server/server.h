@@ -34,6 +34,8 @@ struct server {
   struct hs_catalog catalog;
   struct bd_export_list listed; /* an nbdkit plugin's list_exports */
   struct server_limits limits;
+  enum hs_tls tls;             /* --tls */
+  struct tls_creds *tls_creds; /* when tls is not HS_TLS_OFF */
 
   pthread_mutex_t lock;
   pthread_cond_t cond; /* signalled when a connection ends */

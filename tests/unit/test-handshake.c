@@ -955,3 +955,105 @@ Test(session, extended_with_contexts_then_go) {
                               NBD_FLAG_BLOCK_STAT_PAYLOAD);
   teardown();
 }
+
+/* ---- TLS: STARTTLS and --tls require ---- */
+
+TestSuite(tls, .init = setup, .fini = teardown);
+
+Test(tls, starttls_acked_when_on) {
+  hs.tls = HS_TLS_ON;
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_STARTTLS);
+  one_reply(&out, NBD_OPT_STARTTLS, NBD_REP_ACK);
+  cr_assert_not(hs.tls_active, "active only once the TLS handshake is done");
+}
+
+Test(tls, starttls_with_data_invalid) {
+  hs.tls = HS_TLS_REQUIRE;
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, "x", 1), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID);
+}
+
+Test(tls, starttls_twice_invalid) {
+  hs.tls = HS_TLS_ON;
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_STARTTLS);
+  hs_tls_started(&hs);
+  cr_assert(hs.tls_active);
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_STARTTLS, NBD_REP_ERR_INVALID);
+}
+
+Test(tls, state_from_before_tls_is_forgotten) {
+  hs.tls = HS_TLS_ON;
+  negotiate_structured();
+  const char *q[] = {"base:allocation", NULL};
+  struct buf b = meta_data("main", q);
+  cr_assert_eq(opt_buf(NBD_OPT_SET_META_CONTEXT, &b), HS_CONTINUE);
+  cr_assert(hs.ctx_base);
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_STARTTLS);
+  hs_tls_started(&hs);
+  cr_assert_not(hs.structured);
+  cr_assert_not(hs.ctx_base);
+  cr_assert_eq(hs.ctx_export, -1);
+}
+
+/* Every option but ABORT and STARTTLS is refused before TLS, so nothing
+ * about the exports leaks in the clear. */
+Test(tls, require_refuses_options_before_tls) {
+  hs.tls = HS_TLS_REQUIRE;
+  uint32_t opts[] = {NBD_OPT_LIST,
+                     NBD_OPT_INFO,
+                     NBD_OPT_GO,
+                     NBD_OPT_STRUCTURED_REPLY,
+                     NBD_OPT_LIST_META_CONTEXT,
+                     NBD_OPT_SET_META_CONTEXT,
+                     NBD_OPT_EXTENDED_HEADERS,
+                     99};
+  struct buf b = info_data("main", 0, NULL);
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    cr_assert_eq(opt_buf(opts[i], &b), HS_CONTINUE, "option %u", opts[i]);
+    one_reply(&out, opts[i], NBD_REP_ERR_TLS_REQD);
+  }
+  cr_assert_not(hs.structured);
+  cr_assert_not(hs.extended);
+  cr_assert_eq(hs.export_index, -1);
+  out.len = 0;
+  hs_option_too_big(&hs, NBD_OPT_GO, &out);
+  one_reply(&out, NBD_OPT_GO, NBD_REP_ERR_TLS_REQD);
+}
+
+Test(tls, require_export_name_closes) {
+  hs.tls = HS_TLS_REQUIRE;
+  cr_assert_eq(opt_(NBD_OPT_EXPORT_NAME, "main", 4), HS_CLOSE);
+  cr_assert_eq(out.len, 0, "no export information in the clear");
+  cr_assert_eq(hs.export_index, -1);
+}
+
+Test(tls, require_abort_acked) {
+  hs.tls = HS_TLS_REQUIRE;
+  cr_assert_eq(opt_(NBD_OPT_ABORT, NULL, 0), HS_CLOSE);
+  one_reply(&out, NBD_OPT_ABORT, NBD_REP_ACK);
+}
+
+Test(tls, require_allows_everything_after_tls) {
+  hs.tls = HS_TLS_REQUIRE;
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_STARTTLS);
+  hs_tls_started(&hs);
+  negotiate_structured();
+  struct buf b = info_data("main", 0, NULL);
+  cr_assert_eq(opt_buf(NBD_OPT_GO, &b), HS_GO);
+  cr_assert_eq(hs.export_index, 0);
+  memset(&hs, 0, sizeof hs);
+  hs.tls = HS_TLS_REQUIRE;
+  cr_assert(hs_client_flags(&hs, NBD_FLAG_C_FIXED_NEWSTYLE));
+  cr_assert_eq(opt_(NBD_OPT_STARTTLS, NULL, 0), HS_STARTTLS);
+  hs_tls_started(&hs);
+  cr_assert_eq(opt_(NBD_OPT_EXPORT_NAME, "backup", 6), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
+}
+
+Test(tls, on_serves_plain_clients_too) {
+  hs.tls = HS_TLS_ON;
+  negotiate_structured();
+  struct buf b = info_data("main", 0, NULL);
+  cr_assert_eq(opt_buf(NBD_OPT_GO, &b), HS_GO);
+}
