@@ -5,7 +5,10 @@
  * option is handed to hs_option() the way server/conn.c does (lengths
  * checked exactly, over-long data discarded with hs_option_too_big()) until
  * the state machine says GO or CLOSE or the input runs out.  The replies are
- * then checked for framing and the state for consistency. */
+ * then checked for framing and the state for consistency.  STARTTLS is
+ * taken to succeed; the server's TLS policy comes from the input's length
+ * (so existing inputs stay meaningful), and under "require" nothing but
+ * TLS_REQD may be answered before TLS. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,8 +106,21 @@ static size_t check_replies(const struct hs_out *out, uint32_t opt,
   return n;
 }
 
+/* Under --tls require before TLS: no export, no information. */
+static void check_plain_refused(const struct hs_state *hs, uint32_t opt,
+                                const struct hs_out *out, enum hs_result res) {
+  if (opt == NBD_OPT_ABORT || opt == NBD_OPT_STARTTLS)
+    return;
+  CHECK(res != HS_GO && hs->export_index == -1 && !hs->structured);
+  if (opt == NBD_OPT_EXPORT_NAME || !hs->fixed)
+    CHECK(res == HS_CLOSE && out->len == 0);
+  else
+    CHECK(out->len >= 20 && get_be32(out->buf + 12) == NBD_REP_ERR_TLS_REQD &&
+          20 + get_be32(out->buf + 16) == out->len);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  struct hs_state hs = {0};
+  struct hs_state hs = {.tls = (enum hs_tls)(size % 3)};
   struct hs_out out = {0};
   hs_greeting(&out);
   CHECK(out.len == 18);
@@ -121,6 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (get_be64(data + pos) != NBD_IHAVEOPT)
       break; /* the server disconnects */
     uint32_t opt = get_be32(data + pos + 8), len = get_be32(data + pos + 12);
+    bool plain_only = hs.tls == HS_TLS_REQUIRE && !hs.tls_active;
     pos += 16;
     out.len = 0;
     enum hs_result res;
@@ -142,8 +159,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       free(opt_data);
     }
     CHECK(!out.oom);
-    CHECK(res == HS_CONTINUE || res == HS_GO || res == HS_CLOSE);
+    CHECK(res == HS_CONTINUE || res == HS_GO || res == HS_CLOSE ||
+          res == HS_STARTTLS);
     check_state(&hs);
+    if (plain_only)
+      check_plain_refused(&hs, opt, &out, res);
     if (opt == NBD_OPT_EXPORT_NAME) {
       /* No option reply: the export's size and flags, or nothing. */
       if (res == HS_GO)
@@ -170,6 +190,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (opt == NBD_OPT_EXPORT_NAME)
         CHECK(get_be64(out.buf) == e->size &&
               get_be16(out.buf + 8) == hs.tflags);
+    }
+    if (res == HS_STARTTLS) {
+      CHECK(opt == NBD_OPT_STARTTLS && hs.tls != HS_TLS_OFF && !hs.tls_active);
+      hs_tls_started(&hs); /* as if the TLS handshake succeeded */
+      check_state(&hs);
+      continue;
     }
     if (res != HS_CONTINUE)
       break;

@@ -67,6 +67,13 @@ HANDSHAKE = {
     "list-and-abort": (
         flags(FIXED) + option(OPT_LIST) + option(OPT_STARTTLS) +
         option(99, b"xyz") + option(OPT_ABORT)),
+    # Under --tls require (the fuzzer takes the policy from the length, and
+    # the two bytes after GO make it 2 mod 3): refused before STARTTLS,
+    # then a second STARTTLS, then served.
+    "starttls-then-go": (
+        flags(FIXED) + option(OPT_LIST) + option(OPT_GO, info("disk")) +
+        option(OPT_STARTTLS) + option(OPT_STARTTLS) +
+        option(OPT_STRUCTURED_REPLY) + option(OPT_GO, info("disk")) + b"\0\0"),
     "meta-prefixes": (
         flags(FIXED | NO_ZEROES) + option(OPT_STRUCTURED_REPLY) +
         option(OPT_LIST_META_CONTEXT, meta("disk", ["base:", "qemu:"])) +
