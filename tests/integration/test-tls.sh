@@ -226,6 +226,41 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
   fusermount3 -u "$MNT" || fail "unmount"
   ok "mounted and read over TLS"
 fi
+
+check "blockport vhost of an nbds+unix:// URI (a vhost-user front end in Python)"
+"${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" --pid-file vhost.pid \
+  --once "$(psk_uri)" </dev/null >vhost.log 2>&1 &
+VHOST_PID=$!
+track_pid $VHOST_PID
+for _ in $(seq 200); do [[ -s vhost.pid ]] && break; sleep 0.05; done
+[[ -s vhost.pid ]] || { cat vhost.log; fail "vhost over TLS did not start"; }
+"$PY" - "$T/vhost.sock" "$TESTS_DIR" <<'PYEOF' || { cat vhost.log; fail "vhost I/O over TLS"; }
+import sys
+sys.path.insert(0, sys.argv[2])
+import vhostuser as vu
+fe = vu.Frontend(sys.argv[1])
+features = fe.negotiate()
+fe.set_u64(vu.SET_FEATURES, features)
+g = vu.Guest()
+q = vu.Queue(g, 0, 128)
+fe.set_mem_table(g)
+fe.start_queue(q, features)
+blk = vu.BlkDriver(q)
+sector = (40 << 20) // 512
+st, n = blk.run(0, vu.T_IN, sector, nbytes=8192)
+assert st == vu.S_OK, st
+assert g.read(blk.slot_data(0), 8192) == b"\x77" * 8192, "data read over TLS"
+data = bytes(range(256)) * 32
+assert blk.run(1, vu.T_OUT, sector + 64, data=data)[0] == vu.S_OK
+assert blk.run(2, vu.T_FLUSH, 0)[0] == vu.S_OK
+fe.close()
+PYEOF
+wait "$VHOST_PID" || fail "vhost --once exit status"
+qio_psk "$T/psk" -c "read -P 0x77 40M 8k" -c "read -v $(((40 << 20) + 32768)) 16" \
+  | grep -q "00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f" ||
+  fail "the guest's write did not reach the TLS server"
+check_sanitizer_reports vhost.log
+ok "a guest's reads and writes through vhost reach the server over TLS"
 stop_server
 
 # ---- X.509 ----
