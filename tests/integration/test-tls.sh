@@ -186,8 +186,42 @@ refused "wrong key (QEMU)" qio_psk "$T/badpsk" -c 'read 0 4k'
 sed 's/^alice:/bob:/' psk/keys.psk >bob.psk
 refused "unknown user" nbdinfo "nbds+unix://bob@/?socket=$SOCK&tls-psk-file=$T/bob.psk"
 grep -q "TLS handshake failed" "$T/server.log" || fail "no log line for the failed handshake"
+"$PY" - "$SOCK" "$TESTS_DIR" <<'EOF' || fail "garbage instead of a TLS handshake"
+import sys
+sys.path.insert(0, sys.argv[2])
+import nbdwire as nw
+with nw.Client.unix(sys.argv[1]) as c:
+    c.handshake()
+    assert c.opt_starttls().type == nw.NBD_REP_ACK
+    c.send_raw(b"IHAVEOPT" + bytes(200))  # plain NBD where TLS must be
+    closed, _ = c.drain_until_closed(wait=10)
+    assert closed, "the server kept a connection that failed its TLS handshake"
+with nw.Client.unix(sys.argv[1]) as c:  # a client that leaves mid-handshake
+    c.handshake()
+    assert c.opt_starttls().type == nw.NBD_REP_ACK
+EOF
 qio_psk "$T/psk" -c 'read -P 0x5a 1M 8M' >/dev/null || fail "good client after bad ones"
 ok "refused with a log line; good clients still served"
+
+check "SIGTERM with a TLS client connected: an orderly exit"
+"$PY" - "$(psk_uri)" <<'EOF' &
+import nbd, sys, time
+h = nbd.NBD()
+h.set_uri_allow_local_file(True)
+h.connect_uri(sys.argv[1])
+h.pread(4096, 0)
+open("idle.ready", "w").close()
+time.sleep(30)
+EOF
+IDLE_PID=$!
+track_pid $IDLE_PID
+for _ in $(seq 200); do [[ -e idle.ready ]] && break; sleep 0.05; done
+[[ -e idle.ready ]] || fail "the idle TLS client did not connect"
+stop_server
+ok "the server left its idle TLS client and exited 0"
+start_server --tls require --tls-psk "$PSK" memory:128M
+qio_psk "$T/psk" -c 'write -P 0x5a 1M 8M' -c 'write -P 0x33 20M 64k' >/dev/null ||
+  fail "qemu-io write over TLS (restarted server)"
 
 check "nbds+unix:// through the NBD source: a blockport server in front"
 BACK_SOCK=$SOCK
