@@ -226,9 +226,13 @@ static void op_succeeded(struct op *op) {
 /* The connection went away with the command in flight. */
 static void op_lost(struct op *op) {
   struct bd_req *req = op->req;
+  /* During a server's orderly shutdown a request without a reply was never
+   * executed: the server answers what it took before it closes. */
+  bool orderly = now_ms() < atomic_load(&op->d->orderly_until);
   bool resend = req->cmd == BD_READ || req->cmd == BD_CACHE ||
                 (req->cmd == BD_BLOCK_STATUS && req->extents->n == op->ext_n &&
-                 req->extents->end == op->ext_end);
+                 req->extents->end == op->ext_end) ||
+                (orderly && req->cmd != BD_BLOCK_STATUS);
   if (!resend) {
     op_fail(op, -EIO, "the connection was lost with the request in flight");
     return;
@@ -251,10 +255,18 @@ static void op_lost(struct op *op) {
  * connection, and send OP again on another or once it is back. */
 static void op_refused_for_shutdown(struct op *op) {
   struct nbddev *d = op->d;
-  int up = C_UP;
-  if (atomic_compare_exchange_strong(&op->c->state, &up, C_DRAINING)) {
-    log_info("nbd %s: connection %u: the server is shutting down", d->uri,
-             op->c->idx);
+  /* Every connection goes to the same server: stop using all of them, so
+   * OP waits for the server to return instead of meeting it again. */
+  bool first = false;
+  for (unsigned i = 0; i < d->nconns; i++) {
+    int up = C_UP;
+    first |=
+        atomic_compare_exchange_strong(&d->conns[i].state, &up, C_DRAINING);
+  }
+  if (first) {
+    log_info("nbd %s: the server is shutting down; reconnecting when it "
+             "returns",
+             d->uri);
     atomic_store(&d->orderly_until, now_ms() + ORDERLY_MS);
     wake(d);
   }
