@@ -43,11 +43,37 @@ static ssize_t conn_send(struct conn *c, const void *buf, size_t len) {
                 : send(c->fd, buf, len, MSG_NOSIGNAL);
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Bound the next blocking call by what is left of the handshake: a client
+ * that stalls or trickles bytes loses its slot.  False once it is over. */
+static bool arm_deadline(struct conn *c) {
+  if (!c->hs_deadline)
+    return true;
+  int64_t left = c->hs_deadline - mono_ms();
+  if (left <= 0) {
+    log_info("connection %u (%s): handshake timed out", c->id, c->peer);
+    return false;
+  }
+  struct timeval tv = {left / 1000, (left % 1000) * 1000};
+  setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  return true;
+}
+
 /* Blocking, for the handshake. */
 static bool read_full(struct conn *c, void *buf, size_t len) {
   uint8_t *p = buf;
   while (len > 0) {
+    if (!arm_deadline(c))
+      return false;
     ssize_t n = conn_recv(c, p, len);
+    if (n < 0 && errno == EAGAIN)
+      log_info("connection %u (%s): handshake timed out", c->id, c->peer);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
@@ -61,6 +87,8 @@ static bool read_full(struct conn *c, void *buf, size_t len) {
 static bool write_full(struct conn *c, const void *buf, size_t len) {
   const uint8_t *p = buf;
   while (len > 0) {
+    if (!arm_deadline(c))
+      return false;
     ssize_t n = conn_send(c, p, len);
     if (n < 0 && errno == EINTR)
       continue;
@@ -107,7 +135,7 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   c->tls_wbuf = malloc(TLS_RECORD_MAX);
   if (!c->tls_wbuf)
     return false;
-  c->tls = tls_accept(c->srv->tls_creds, c->fd, who);
+  c->tls = arm_deadline(c) ? tls_accept(c->srv->tls_creds, c->fd, who) : NULL;
   if (!c->tls)
     return false;
   hs_tls_started(hs);
@@ -120,6 +148,8 @@ static bool handshake(struct conn *c) {
   struct hs_out out = {0};
   uint8_t hdr[16];
   bool ok = false;
+  unsigned limit = c->srv->limits.handshake_ms;
+  c->hs_deadline = limit ? mono_ms() + limit : 0;
 
   hs_greeting(&out);
   uint8_t cf[4];
@@ -182,6 +212,7 @@ static bool handshake(struct conn *c) {
             hs.extended ? ", extended headers" : "");
 done:
   hs_out_free(&out);
+  c->hs_deadline = 0;
   return ok;
 }
 
@@ -430,8 +461,11 @@ static void process_input(struct conn *c) {
 enum input { INPUT_DATA, INPUT_NONE, INPUT_END };
 
 static enum input read_result(struct conn *c, ssize_t n) {
-  if (n > 0)
+  if (n > 0) {
+    if (c->srv->limits.idle_ms)
+      c->last_input = mono_ms();
     return INPUT_DATA;
+  }
   if (n < 0 && (errno == EAGAIN || errno == EINTR))
     return INPUT_NONE;
   if (n < 0)
@@ -507,7 +541,18 @@ static int grace_left(struct conn *c, const struct timespec *deadline) {
   return ms > 0 ? (int)ms : 0;
 }
 
+/* Milliseconds an idle connection may still wait for a request: -1 with
+ * no idle limit, 0 when its time is up. */
+static int idle_time_left(struct conn *c) {
+  unsigned limit = c->srv->limits.idle_ms;
+  if (!limit)
+    return -1;
+  int64_t left = c->last_input + limit - mono_ms();
+  return left > 0 ? (int)left : 0;
+}
+
 static void transmission(struct conn *c) {
+  c->last_input = mono_ms();
   fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
   pthread_mutex_lock(&c->lock);
   c->transmitting = true;
@@ -548,8 +593,16 @@ static void transmission(struct conn *c) {
     }
     bool want_in = !c->eof && !c->dead && !at_limit_locked(c);
     bool want_out = c->send_blocked && !c->dead;
+    bool idle = c->inflight == 0 && want_in && !want_out;
     c->waiting = true;
     pthread_mutex_unlock(&c->lock);
+    int idle_left = idle ? idle_time_left(c) : -1;
+    if (idle_left == 0) {
+      log_info("connection %u (%s): idle for %u s; closing", c->id, c->peer,
+               c->srv->limits.idle_ms / 1000);
+      stop_reading(c);
+      continue;
+    }
 
     struct pollfd p[2] = {
         {.fd = c->fd,
@@ -558,6 +611,8 @@ static void transmission(struct conn *c) {
     };
     enum input in;
     int timeout = grace_left(c, &deadline);
+    if (idle_left > 0 && (timeout < 0 || idle_left < timeout))
+      timeout = idle_left;
     if (want_in && !want_out && timeout < 0 && spin_read(c, &in)) {
       pthread_mutex_lock(&c->lock);
       c->waiting = false;

@@ -22,6 +22,7 @@
 #include "../core/log.h"
 #include "../core/pool.h"
 #include "../formats/formats.h"
+#include "access.h"
 #include "commands.h"
 #include "nbd-protocol.h"
 #include "server.h"
@@ -44,10 +45,20 @@ struct serve_opts {
   const char *tls_certs; /* --tls-certs DIR */
   const char *tls_psk;   /* --tls-psk FILE */
   bool tls_verify_peer;
+  int unix_mode; /* --unix-mode, -1: as the umask makes it */
 };
 
 /* Long options without a short form. */
-enum { OPT_TLS = 1000, OPT_TLS_CERTS, OPT_TLS_PSK, OPT_TLS_VERIFY };
+enum {
+  OPT_TLS = 1000,
+  OPT_TLS_CERTS,
+  OPT_TLS_PSK,
+  OPT_TLS_VERIFY,
+  OPT_ALLOW,
+  OPT_UNIX_MODE,
+  OPT_HANDSHAKE_TIMEOUT,
+  OPT_IDLE_TIMEOUT
+};
 
 static const char serve_usage[] =
     "Usage: blockport serve [OPTIONS] IMAGE...\n"
@@ -105,6 +116,14 @@ static const char serve_usage[] =
     "(psktool)\n"
     "  -D NAME.FLAG=N            set an nbdkit plugin's debug flag "
     "NAME_debug_FLAG\n"
+    "      --allow CIDR          admit TCP clients from CIDR only (repeat for\n"
+    "                            more; IPv4 or IPv6; default: everyone)\n"
+    "      --unix-mode MODE      permissions of the Unix socket (octal)\n"
+    "      --handshake-timeout SECONDS  close a client whose handshake takes\n"
+    "                            longer (default 10; 0: no limit)\n"
+    "      --idle-timeout SECONDS  close a client with nothing in flight\n"
+    "                            that sends nothing for this long (default 0:\n"
+    "                            never)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n"
     "  -h, --help                show this help\n";
@@ -280,7 +299,7 @@ static int remove_stale_socket(const char *path, const struct sockaddr_un *sa) {
   return 0;
 }
 
-static int listen_unix(const char *path) {
+static int listen_unix(const char *path, int mode) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {
     log_error("socket path too long: %s", path);
@@ -294,7 +313,9 @@ static int listen_unix(const char *path) {
     close(fd);
     return -1;
   }
+  /* The mode is set before listen(): nobody connects in between. */
   if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+      (mode >= 0 && chmod(path, (mode_t)mode) < 0) ||
       listen(fd, SOMAXCONN) < 0) {
     log_error("%s: %s", path, strerror(errno));
     close(fd);
@@ -368,6 +389,13 @@ static void accept_one(struct server *srv, int lfd) {
   if (full) {
     log_warn("refusing %s: %u connections already", peer,
              srv->limits.max_connections);
+    close(fd);
+    return;
+  }
+  /* Refused here, before any thread or buffer is spent on it. */
+  if (ss.ss_family != AF_UNIX &&
+      !acl_allows(srv->allow, srv->nallow, (struct sockaddr *)&ss)) {
+    log_info("refusing %s: not in --allow", peer);
     close(fd);
     return;
   }
@@ -455,8 +483,26 @@ static int check_tls_opts(const struct serve_opts *o, enum hs_tls mode) {
   return err ? -1 : 0;
 }
 
+/* One --allow CIDR, added to the server's list. */
+static int add_allow(struct server *srv, const char *text) {
+  struct acl_rule r;
+  char err[160];
+  if (acl_parse(text, &r, err, sizeof err) < 0) {
+    fprintf(stderr, "blockport serve: --allow %s\n", err);
+    return -1;
+  }
+  struct acl_rule *n = realloc(srv->allow, (srv->nallow + 1) * sizeof *n);
+  if (!n)
+    return -1;
+  n[srv->nallow++] = r;
+  srv->allow = n;
+  return 0;
+}
+
 static int parse_opts(int argc, char **argv, struct serve_opts *o,
-                      struct server_limits *lim, enum hs_tls *tls) {
+                      struct server *srv) {
+  struct server_limits *lim = &srv->limits;
+  enum hs_tls *tls = &srv->tls;
   static const struct option longopts[] = {
       {"unix", required_argument, NULL, 'u'},
       {"port", required_argument, NULL, 'p'},
@@ -475,12 +521,16 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"tls-certs", required_argument, NULL, OPT_TLS_CERTS},
       {"tls-psk", required_argument, NULL, OPT_TLS_PSK},
       {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
+      {"allow", required_argument, NULL, OPT_ALLOW},
+      {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
+      {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
+      {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
-  unsigned port;
+  unsigned port, secs;
   while ((ch = getopt_long(argc, argv, "u:p:b:rf:w:c:D:P:vh", longopts,
                            NULL)) != -1) {
     switch (ch) {
@@ -530,6 +580,28 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     case OPT_TLS_CERTS: o->tls_certs = optarg; break;
     case OPT_TLS_PSK: o->tls_psk = optarg; break;
     case OPT_TLS_VERIFY: o->tls_verify_peer = true; break;
+    case OPT_ALLOW:
+      if (add_allow(srv, optarg) < 0)
+        return -1;
+      break;
+    case OPT_UNIX_MODE: {
+      char *end;
+      long m = strtol(optarg, &end, 8);
+      if (!*optarg || *end || m < 0 || m > 0777)
+        goto bad;
+      o->unix_mode = (int)m;
+      break;
+    }
+    case OPT_HANDSHAKE_TIMEOUT:
+      if (parse_uint(optarg, 0, 86400, &secs) < 0)
+        goto bad;
+      lim->handshake_ms = secs * 1000;
+      break;
+    case OPT_IDLE_TIMEOUT:
+      if (parse_uint(optarg, 0, 86400 * 7, &secs) < 0)
+        goto bad;
+      lim->idle_ms = secs * 1000;
+      break;
     case 'D':
       if (plugin_add_debug_flag(optarg) < 0) {
         fprintf(stderr, "blockport serve: %s\n", bd_errmsg());
@@ -555,15 +627,16 @@ bad:
 }
 
 int serve_main(int argc, char **argv) {
-  struct serve_opts o = {0};
+  struct serve_opts o = {.unix_mode = -1};
   struct server srv = {
       .limits = {.max_connections = 128,
                  .max_requests = 256,
-                 .max_bytes = 64ull * 1024 * 1024},
+                 .max_bytes = 64ull * 1024 * 1024,
+                 .handshake_ms = 10000},
       .lock = PTHREAD_MUTEX_INITIALIZER,
       .cond = PTHREAD_COND_INITIALIZER,
   };
-  if (parse_opts(argc, argv, &o, &srv.limits, &srv.tls) < 0)
+  if (parse_opts(argc, argv, &o, &srv) < 0)
     return 2;
 
   /* Signals are taken through a signalfd; block them before any thread
@@ -595,7 +668,7 @@ int serve_main(int argc, char **argv) {
     goto out;
   }
   if (o.unix_path) {
-    if ((lfds[nl] = listen_unix(o.unix_path)) < 0)
+    if ((lfds[nl] = listen_unix(o.unix_path, o.unix_mode)) < 0)
       goto out;
     nl++;
     bound_unix = true;
@@ -645,5 +718,6 @@ out:
     close(sfd);
   tls_creds_free(srv.tls_creds);
   free(plugin);
+  free(srv.allow);
   return ret;
 }

@@ -25,6 +25,9 @@ struct server_limits {
   unsigned max_connections;
   unsigned max_requests; /* in flight per connection */
   uint64_t max_bytes;    /* payload bytes in flight per connection */
+  unsigned handshake_ms; /* the whole handshake, 0: no limit */
+  unsigned idle_ms;      /* nothing in flight and nothing received, 0: no
+                          * limit */
 };
 
 struct server {
@@ -34,6 +37,8 @@ struct server {
   struct hs_catalog catalog;
   struct bd_export_list listed; /* an nbdkit plugin's list_exports */
   struct server_limits limits;
+  struct acl_rule *allow; /* --allow: TCP clients admitted, none: all */
+  size_t nallow;
   enum hs_tls tls;             /* --tls */
   struct tls_creds *tls_creds; /* when tls is not HS_TLS_OFF */
 
