@@ -41,6 +41,8 @@ struct serve_opts {
   const char *format;
   const char *plugin; /* --plugin: the arguments are its parameters */
   bool readonly;
+  char **ro_exports; /* --readonly-export NAME */
+  size_t n_ro_exports;
   unsigned workers;
   const char *tls_certs; /* --tls-certs DIR */
   const char *tls_psk;   /* --tls-psk FILE */
@@ -57,7 +59,8 @@ enum {
   OPT_ALLOW,
   OPT_UNIX_MODE,
   OPT_HANDSHAKE_TIMEOUT,
-  OPT_IDLE_TIMEOUT
+  OPT_IDLE_TIMEOUT,
+  OPT_RO_EXPORT
 };
 
 static const char serve_usage[] =
@@ -79,6 +82,8 @@ static const char serve_usage[] =
     "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
     "all)\n"
     "  -r, --readonly            refuse writes on every export\n"
+    "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
+    "                            more; \"\" is the default export)\n"
     "  -f, --format FMT          image format instead of probing: raw, qcow2\n"
     "  -w, --workers N           worker threads for blocking I/O (default "
     "16)\n"
@@ -212,6 +217,14 @@ static int add_listed_exports(struct server *srv, bool readonly) {
   return 0;
 }
 
+/* Whether the export NAME must refuse writes. */
+static bool export_readonly(const struct serve_opts *o, const char *name) {
+  for (size_t i = 0; i < o->n_ro_exports; i++)
+    if (!strcmp(o->ro_exports[i], name))
+      return true;
+  return o->readonly;
+}
+
 static int open_exports(struct server *srv, char **images, int n,
                         const struct serve_opts *o) {
   srv->exports = calloc((size_t)n, sizeof *srv->exports);
@@ -240,7 +253,7 @@ static int open_exports(struct server *srv, char **images, int n,
         return -1;
       }
     }
-    e->bd = bd_open(e->spec, o->format, o->readonly);
+    e->bd = bd_open(e->spec, o->format, export_readonly(o, e->name));
     if (!e->bd) {
       log_error("%s", bd_errmsg());
       return -1;
@@ -522,6 +535,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"tls-psk", required_argument, NULL, OPT_TLS_PSK},
       {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
       {"allow", required_argument, NULL, OPT_ALLOW},
+      {"readonly-export", required_argument, NULL, OPT_RO_EXPORT},
       {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
@@ -580,6 +594,14 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     case OPT_TLS_CERTS: o->tls_certs = optarg; break;
     case OPT_TLS_PSK: o->tls_psk = optarg; break;
     case OPT_TLS_VERIFY: o->tls_verify_peer = true; break;
+    case OPT_RO_EXPORT: {
+      char **n = realloc(o->ro_exports, (o->n_ro_exports + 1) * sizeof *n);
+      if (!n)
+        return -1;
+      n[o->n_ro_exports++] = optarg;
+      o->ro_exports = n;
+      break;
+    }
     case OPT_ALLOW:
       if (add_allow(srv, optarg) < 0)
         return -1;
@@ -719,5 +741,6 @@ out:
   tls_creds_free(srv.tls_creds);
   free(plugin);
   free(srv.allow);
+  free(o.ro_exports);
   return ret;
 }

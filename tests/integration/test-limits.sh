@@ -97,3 +97,17 @@ start_server --unix-mode 0600 disk.img
 nbdinfo --size "$URI" >/dev/null || fail "the owner cannot connect"
 stop_server
 ok "socket mode 600"
+
+check "--readonly-export: one export read-only, the others writable"
+require qemu-io
+truncate -s 16M disk2.img
+start_server --readonly-export ro rw=disk.img ro=disk2.img
+run qemu-io -f raw -c 'write -P 5 0 64k' "$(export_uri rw)" >/dev/null ||
+  fail "write to the writable export"
+out=$(qemu-io -f raw -c 'write -P 5 0 64k' "$(export_uri ro)" 2>&1) &&
+  ! grep -qi "fail\|error\|denied" <<<"$out" && fail "write to the read-only export passed"
+nbdinfo --json "$(export_uri ro)" | grep -q '"is_read_only": true' ||
+  fail "the read-only export does not say so"
+stop_server
+cmp -n 65536 disk2.img /dev/zero || fail "the read-only export was written"
+ok "writes refused on ro only"
