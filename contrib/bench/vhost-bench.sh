@@ -10,7 +10,12 @@
 # iodepth 64, O_DIRECT, libaio, one job.  Guest-side IOPS are printed, and
 # the ratios vhost/qemu-nbd (target 1.5) and vhost/qsd (target 1).
 #
-# usage: contrib/bench/vhost-bench.sh [SECONDS-PER-RUN] [BLOCKPORT]
+# With LATENCY_MS=N the server's storage answers every read and write N ms
+# late (fault injection's delay, 64 workers): a disk across a network,
+# where keeping many requests in flight is what counts.  qsd exports the
+# image directly and sees no added latency.
+#
+# usage: [LATENCY_MS=N] contrib/bench/vhost-bench.sh [SECONDS-PER-RUN] [BLOCKPORT]
 set -euo pipefail
 RT=${1:-20}
 HERE=$(dirname "$(readlink -f "$0")")
@@ -46,7 +51,12 @@ guest() { # DISK-ARGS...: boot, print "read write" IOPS
 
 serve() {
   rm -f "$W/nbd.sock"
-  "$BP" serve --unix "$W/nbd.sock" "$W/disk.raw" 2>"$W/serve.log" &
+  if [ -n "${LATENCY_MS:-}" ]; then
+    BLOCKPORT_FAULTS="op=read,err=none,delay=$LATENCY_MS;op=write,err=none,delay=$LATENCY_MS" \
+      "$BP" serve --workers 64 --unix "$W/nbd.sock" "$W/disk.raw" 2>"$W/serve.log" &
+  else
+    "$BP" serve --unix "$W/nbd.sock" "$W/disk.raw" 2>"$W/serve.log" &
+  fi
   SERVE=$!
   wait_sock "$W/nbd.sock"
 }
@@ -59,7 +69,8 @@ report() { # name "read write"
   printf '%-10s read %7s  write %7s  total %7s IOPS\n' "$1" "$r" "$w" "${IOPS[$1]}"
 }
 
-echo "blockport: $BP; $(nproc) CPUs; $RT s per run; guest under TCG"
+echo "blockport: $BP; $(nproc) CPUs; $RT s per run; guest under TCG;" \
+  "added storage latency: ${LATENCY_MS:-0} ms"
 serve
 if "$BP" vhost --help >/dev/null 2>&1; then
   rm -f "$W/vhost.sock"
