@@ -665,7 +665,7 @@ static int set_zero_bits(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                          uint64_t n) {
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
-  uint64_t l2off, entry, bitmap;
+  uint64_t l2off = 0, entry = 0, bitmap = 0;
   int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
   uint64_t mask = sc_mask(q, in, n), nb = qcow2_sc_zero(bitmap, mask);
   if (r == 0 && (entry & QCOW2_L2_COMPRESSED)) {
