@@ -16,6 +16,7 @@ PACKAGES=(
   e2fsprogs                               # mkfs.ext4 on mounted partition files
   qemu-system-x86 busybox-static cpio     # the test guest (contrib/guest/) for vhost
   gnutls-bin                              # psktool, certtool: keys for the TLS tests
+  systemd                                 # systemd-socket-activate: socket activation tests
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -25,6 +25,7 @@
 #include "access.h"
 #include "commands.h"
 #include "nbd-protocol.h"
+#include "sd-daemon.h"
 #include "server.h"
 #include "tls.h"
 
@@ -131,7 +132,11 @@ static const char serve_usage[] =
     "                            never)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n"
-    "  -h, --help                show this help\n";
+    "  -h, --help                show this help\n"
+    "\n"
+    "Started by systemd socket activation (LISTEN_PID, LISTEN_FDS), it serves\n"
+    "on the sockets it was given; --unix, --port, --bind and --unix-mode are\n"
+    "then refused.\n";
 
 static int parse_uint(const char *s, unsigned min, unsigned max,
                       unsigned *out) {
@@ -431,6 +436,43 @@ static int write_pid_file(const char *path) {
   return 0;
 }
 
+/* Take the sockets systemd passed, if any.  Returns their number, -1 on
+ * error (1), -2 on a usage error (2). */
+static int take_activated(struct serve_opts *o, int *lfds) {
+  int n = sd_listen_fds(lfds, MAX_LISTENERS);
+  if (n <= 0)
+    return n;
+  const char *opt = o->unix_path        ? "--unix"
+                    : o->port           ? "--port"
+                    : o->bind_addr      ? "--bind"
+                    : o->unix_mode >= 0 ? "--unix-mode"
+                                        : NULL;
+  if (opt) {
+    fprintf(stderr,
+            "blockport serve: %s cannot be used with socket activation "
+            "(LISTEN_FDS=%d): the sockets come from systemd\n",
+            opt, n);
+    for (int i = 0; i < n; i++)
+      close(lfds[i]);
+    return -2;
+  }
+  return n;
+}
+
+/* "unix /run/b.sock, tcp [::]:10809" for the log and systemd's status. */
+static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (int i = 0; i < nl && used + 1 < len; i++) {
+    char one[160];
+    sd_describe_listener(lfds[i], one, sizeof one);
+    int w = snprintf(out + used, len - used, "%s%s", i ? ", " : "", one);
+    if (w < 0)
+      break;
+    used += (size_t)w;
+  }
+}
+
 /* Wait until every connection has ended, or the deadline passes. */
 static bool wait_conns(struct server *srv, int seconds) {
   struct timespec ts;
@@ -640,8 +682,6 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
     return -1;
   }
-  if (!o->unix_path && !o->port)
-    o->port = "10809";
   return check_tls_opts(o, *tls);
 bad:
   fprintf(stderr, "blockport serve: invalid value for option: %s\n", optarg);
@@ -660,6 +700,15 @@ int serve_main(int argc, char **argv) {
   };
   if (parse_opts(argc, argv, &o, &srv) < 0)
     return 2;
+  int ret = 1, nl = 0, lfds[MAX_LISTENERS];
+  /* Before any thread or plugin exists: children must not inherit
+   * LISTEN_*. */
+  int activated = take_activated(&o, lfds);
+  if (activated < 0)
+    return activated == -2 ? 2 : 1;
+  nl = activated;
+  if (!activated && !o.unix_path && !o.port)
+    o.port = "10809";
 
   /* Signals are taken through a signalfd; block them before any thread
    * exists so every thread inherits the mask. */
@@ -671,7 +720,6 @@ int serve_main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   int sfd = signalfd(-1, &set, SFD_CLOEXEC);
 
-  int ret = 1, nl = 0, lfds[MAX_LISTENERS];
   bool bound_unix = false;
   /* --plugin: one image, the plugin with the arguments as parameters. */
   char *plugin =
@@ -709,9 +757,9 @@ int serve_main(int argc, char **argv) {
              o.tls_psk ? "pre-shared keys" : "");
   if (o.pid_file && write_pid_file(o.pid_file) < 0)
     goto out;
-  log_info("ready: %s%s%s%s%s", o.unix_path ? "unix socket " : "",
-           o.unix_path ? o.unix_path : "", o.unix_path && o.port ? ", " : "",
-           o.port ? "tcp port " : "", o.port ? o.port : "");
+  char where[1024];
+  describe_listeners(lfds, nl, where, sizeof where);
+  log_info("ready%s: %s", activated ? " (socket-activated)" : "", where);
 
   ret = run(&srv, lfds, nl, sfd) < 0 ? 1 : 0;
 

@@ -1,0 +1,176 @@
+#!/bin/bash
+# systemd integration of `blockport serve`: socket activation (LISTEN_PID,
+# LISTEN_FDS) through systemd-socket-activate on TCP and Unix sockets, data
+# through the passed sockets, a socket file we did not create left alone,
+# LISTEN_* not inherited by children, usage errors when sockets are given
+# twice, and bad activation environments refused.
+source "$(dirname "$0")/lib.sh"
+require nbdinfo qemu-img cmp
+
+# systemd-socket-activate comes with Debian's `systemd` package.
+if ! command -v systemd-socket-activate >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends systemd >/dev/null 2>&1 || true
+    fi
+    require systemd-socket-activate
+fi
+
+# Variables systemd-socket-activate must pass on (it passes only PATH,
+# HOME, TERM and what -E names).
+_pass_env() {
+    local v
+    for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS NOTIFY_SOCKET ENVLOG; do
+        [[ -n ${!v:-} ]] && printf -- '-E\n%s\n' "$v"
+    done
+    return 0
+}
+
+# activate ADDR... -- SERVE_ARGS...: blockport serve under
+# systemd-socket-activate listening on each ADDR.  It execs blockport in
+# place (on the first connection), so SERVER_PID is the server's pid.
+activate() {
+    local -a listen=() pass=()
+    while [[ $1 != -- ]]; do listen+=(-l "$1"); shift; done
+    shift
+    mapfile -t pass < <(_pass_env)
+    : >"$T/server.log"
+    echo "+ systemd-socket-activate ${listen[*]} $BLOCKPORT serve $*" >>"$T/server.log"
+    "${_env_reset[@]}" systemd-socket-activate "${listen[@]}" "${pass[@]}" \
+        "$BLOCKPORT" serve "$@" </dev/null >>"$T/server.log" 2>&1 &
+    SERVER_PID=$!
+    local n=$((${#listen[@]} / 2)) i
+    for ((i = 0; i < 100; i++)); do
+        (($(grep -c '^Listening on' "$T/server.log") >= n)) && return 0
+        server_alive || break
+        sleep 0.05
+    done
+    fail "systemd-socket-activate did not listen: $(cat "$T/server.log")"
+}
+
+# wait_exit STATUS: the server must exit by itself with STATUS.
+wait_exit() {
+    local want=$1 rc=0 i
+    for ((i = 0; i < 200; i++)); do
+        server_alive || break
+        sleep 0.05
+    done
+    server_alive && fail "server still running, expected exit status $want"
+    wait "$SERVER_PID" || rc=$?
+    SERVER_PID=
+    [[ $rc -eq $want ]] || fail "exit status $rc, expected $want"
+    check_sanitizer_reports "$T/server.log"
+}
+
+# Data through URI: qemu-img reads the image back, writes a new one in.
+check_data() {
+    local uri=$1
+    run nbdinfo --size "$uri" | grep -qx $((8 * 1024 * 1024)) ||
+        fail "nbdinfo: wrong size through $uri"
+    run qemu-img convert -f raw -O raw "$uri" "$T/out.img" ||
+        fail "qemu-img convert from $uri failed"
+    cmp "$T/disk.img" "$T/out.img" || fail "data read through $uri differs"
+    random_file "$T/new.img" 8
+    run qemu-img convert -n -f raw -O raw "$T/new.img" "$uri" ||
+        fail "qemu-img convert to $uri failed"
+    ok "nbdinfo and qemu-img through $uri"
+}
+
+random_file "$T/disk.img" 8
+
+########################################################################
+check "socket activation on TCP"
+PORT=$(_free_port)
+activate "127.0.0.1:$PORT" -- "$T/disk.img"
+check_data "nbd://127.0.0.1:$PORT"
+grep -q "ready (socket-activated): tcp 127.0.0.1:$PORT" "$T/server.log" ||
+    fail "no 'ready (socket-activated)' line in the log"
+stop_server TERM
+cmp "$T/new.img" "$T/disk.img" || fail "data written through TCP is not in the image"
+ok "data written is in the image"
+
+########################################################################
+check "socket activation on a Unix socket; its file is not ours to remove"
+random_file "$T/disk.img" 8
+activate "$T/act.sock" -- "$T/disk.img"
+check_data "nbd+unix:///?socket=$T/act.sock"
+stop_server TERM
+cmp "$T/new.img" "$T/disk.img" || fail "data written through Unix is not in the image"
+[[ -S $T/act.sock ]] || fail "the server removed $T/act.sock, which systemd created"
+ok "socket file left in place"
+rm -f "$T/act.sock"
+
+########################################################################
+check "two activated sockets, Unix and TCP, with named exports"
+random_file "$T/disk.img" 8
+PORT=$(_free_port)
+activate "$T/act.sock" "127.0.0.1:$PORT" -- -r disk="$T/disk.img"
+run nbdinfo --size "nbd+unix:///disk?socket=$T/act.sock" | grep -qx 8388608 ||
+    fail "Unix socket does not serve"
+run nbdinfo --size "nbd://127.0.0.1:$PORT/disk" | grep -qx 8388608 ||
+    fail "TCP socket does not serve"
+grep -q "ready (socket-activated): unix $T/act.sock, tcp 127.0.0.1:$PORT" \
+    "$T/server.log" || fail "both sockets not described in the log"
+stop_server TERM
+rm -f "$T/act.sock"
+
+########################################################################
+check "activated sockets and --unix/--port/--bind/--unix-mode: usage error"
+for opt in "--unix $T/other.sock" "--port 10809" "--bind 127.0.0.1" \
+    "--unix-mode 0600"; do
+    # shellcheck disable=SC2086
+    activate "$T/act.sock" -- $opt "$T/disk.img"
+    # The connection starts the server, which refuses to run.
+    run nbdinfo --size "nbd+unix:///?socket=$T/act.sock" >/dev/null 2>&1 &&
+        fail "a client was served despite ${opt%% *}"
+    wait_exit 2
+    grep -q -- "${opt%% *} cannot be used with socket activation" "$T/server.log" ||
+        fail "no clear message for ${opt%% *}: $(cat "$T/server.log")"
+    [[ ! -e $T/other.sock ]] || fail "--unix socket created anyway"
+    rm -f "$T/act.sock"
+done
+ok "exit status 2 with a clear message"
+
+########################################################################
+check "a bad activation environment is refused"
+# bash's $$ becomes blockport's pid through exec.
+for case in "abc:not a number" "17:at most 16 sockets" "1:fd 3 is not a socket"; do
+    fds=${case%%:*} want=${case#*:}
+    rc=0
+    LISTEN_FDS=$fds bash -c 'export LISTEN_PID=$$; exec "$@" 3</dev/null' _ \
+        "$BLOCKPORT" serve "$T/disk.img" >"$T/server.log" 2>&1 || rc=$?
+    [[ $rc -eq 1 ]] || fail "LISTEN_FDS=$fds: exit status $rc, expected 1"
+    grep -q "$want" "$T/server.log" || fail "LISTEN_FDS=$fds: $(cat "$T/server.log")"
+    check_sanitizer_reports "$T/server.log"
+done
+# LISTEN_PID of another process: not ours, ignored (serves on --unix).
+LISTEN_PID=1 LISTEN_FDS=1 start_server "$T/disk.img"
+run nbdinfo --size "$URI" >/dev/null || fail "LISTEN_PID=1 was not ignored"
+stop_server TERM
+ok "malformed ones exit 1 with a message, another process's are ignored"
+
+########################################################################
+check "children do not inherit LISTEN_PID/LISTEN_FDS (nbdkit sh plugin)"
+if [[ -e $(pkg-config --variable=plugindir nbdkit 2>/dev/null)/nbdkit-sh-plugin.so ]]; then
+    cat >"$T/plug.sh" <<'SH'
+#!/bin/bash
+case "$1" in
+  config_complete) { echo "ENVLOG=$ENVLOG"; env | grep '^LISTEN_' || :; } >"$ENVLOG" ;;
+  get_size) echo 1048576 ;;
+  open) echo "" ;;
+  pread) head -c "$3" /dev/zero ;;
+  *) exit 2 ;;
+esac
+SH
+    chmod +x "$T/plug.sh"
+    PORT=$(_free_port)
+    ENVLOG=$T/envlog activate "127.0.0.1:$PORT" -- --plugin sh "$T/plug.sh"
+    run nbdinfo --size "nbd://127.0.0.1:$PORT" | grep -qx 1048576 ||
+        fail "sh plugin not served"
+    stop_server TERM
+    grep -q "^ENVLOG=$T/envlog" "$T/envlog" || fail "the plugin script did not run"
+    if grep '^LISTEN_' "$T/envlog"; then fail "LISTEN_* reached a child"; fi
+    ok "the plugin's script saw no LISTEN_*"
+else
+    echo "  (nbdkit sh plugin not installed: not checked)"
+fi
