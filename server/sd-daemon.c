@@ -1,4 +1,5 @@
-/* Socket activation (sd_listen_fds) without libsystemd.  See sd-daemon.h. */
+/* Socket activation and readiness notification without libsystemd.  See
+ * sd-daemon.h. */
 #include "sd-daemon.h"
 
 #include <arpa/inet.h>
@@ -135,5 +136,62 @@ void sd_describe_listener(int fd, char *out, size_t len) {
              host, serv);
   } else {
     snprintf(out, len, "fd %d", fd);
+  }
+}
+
+/* ---- readiness notification ---- */
+
+int sd_notify_addr(const char *spec, struct sockaddr_un *sa, socklen_t *len,
+                   char *err, size_t errlen) {
+  size_t n = strlen(spec);
+  *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
+  if (spec[0] != '/' && spec[0] != '@') {
+    snprintf(err, errlen,
+             "NOTIFY_SOCKET=%s: neither an absolute path nor '@' (abstract)",
+             spec);
+    return -1;
+  }
+  if (n < 2 || n > sizeof sa->sun_path - (spec[0] == '/')) {
+    snprintf(err, errlen, "NOTIFY_SOCKET=%s: bad length", spec);
+    return -1;
+  }
+  memcpy(sa->sun_path, spec, n);
+  if (spec[0] == '@')
+    sa->sun_path[0] = '\0'; /* abstract: no terminator, length says it */
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n +
+                     (spec[0] == '/'));
+  return 0;
+}
+
+static struct {
+  int fd; /* -1: no service manager to tell */
+  struct sockaddr_un sa;
+  socklen_t len;
+} notify = {.fd = -1};
+
+void sd_notify_init(void) {
+  const char *spec = getenv("NOTIFY_SOCKET");
+  char err[160];
+  if (!spec || notify.fd >= 0)
+    return;
+  if (sd_notify_addr(spec, &notify.sa, &notify.len, err, sizeof err) < 0)
+    log_warn("%s; not notifying systemd", err);
+  else if ((notify.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
+    log_warn("NOTIFY_SOCKET: %s; not notifying systemd", strerror(errno));
+  unsetenv("NOTIFY_SOCKET");
+}
+
+void sd_notify(const char *msg) {
+  if (notify.fd < 0)
+    return;
+  ssize_t r;
+  do
+    r = sendto(notify.fd, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT,
+               (struct sockaddr *)&notify.sa, notify.len);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    char first[32];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(msg, "\n"), msg);
+    log_warn("NOTIFY_SOCKET: sending %s: %s", first, strerror(errno));
   }
 }

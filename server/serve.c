@@ -136,7 +136,8 @@ static const char serve_usage[] =
     "\n"
     "Started by systemd socket activation (LISTEN_PID, LISTEN_FDS), it serves\n"
     "on the sockets it was given; --unix, --port, --bind and --unix-mode are\n"
-    "then refused.\n";
+    "then refused.  With NOTIFY_SOCKET set (systemd Type=notify), it sends\n"
+    "READY=1 once clients can connect and STOPPING=1 when shutting down.\n";
 
 static int parse_uint(const char *s, unsigned min, unsigned max,
                       unsigned *out) {
@@ -473,6 +474,14 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
   }
 }
 
+/* Tell systemd (Type=notify) that clients can connect now. */
+static void notify_ready(const struct server *srv, const char *where) {
+  char msg[1200];
+  snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s on %s",
+           srv->nexports, srv->nexports == 1 ? "" : "s", where);
+  sd_notify(msg);
+}
+
 /* Wait until every connection has ended, or the deadline passes. */
 static bool wait_conns(struct server *srv, int seconds) {
   struct timespec ts;
@@ -707,6 +716,7 @@ int serve_main(int argc, char **argv) {
   if (activated < 0)
     return activated == -2 ? 2 : 1;
   nl = activated;
+  sd_notify_init();
   if (!activated && !o.unix_path && !o.port)
     o.port = "10809";
 
@@ -760,8 +770,10 @@ int serve_main(int argc, char **argv) {
   char where[1024];
   describe_listeners(lfds, nl, where, sizeof where);
   log_info("ready%s: %s", activated ? " (socket-activated)" : "", where);
+  notify_ready(&srv, where);
 
   ret = run(&srv, lfds, nl, sfd) < 0 ? 1 : 0;
+  sd_notify("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
 
   /* Stop accepting, let requests in flight finish (later ones get
    * ESHUTDOWN, so clients know they were not executed), then flush. */

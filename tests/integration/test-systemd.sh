@@ -3,7 +3,9 @@
 # LISTEN_FDS) through systemd-socket-activate on TCP and Unix sockets, data
 # through the passed sockets, a socket file we did not create left alone,
 # LISTEN_* not inherited by children, usage errors when sockets are given
-# twice, and bad activation environments refused.
+# twice, bad activation environments refused; readiness notification
+# (NOTIFY_SOCKET, path and abstract): READY=1 once clients are accepted,
+# STOPPING=1 at SIGTERM, a bad one only logged.
 source "$(dirname "$0")/lib.sh"
 require nbdinfo qemu-img cmp
 
@@ -150,12 +152,12 @@ stop_server TERM
 ok "malformed ones exit 1 with a message, another process's are ignored"
 
 ########################################################################
-check "children do not inherit LISTEN_PID/LISTEN_FDS (nbdkit sh plugin)"
+check "children inherit no LISTEN_* nor NOTIFY_SOCKET (nbdkit sh plugin)"
 if [[ -e $(pkg-config --variable=plugindir nbdkit 2>/dev/null)/nbdkit-sh-plugin.so ]]; then
     cat >"$T/plug.sh" <<'SH'
 #!/bin/bash
 case "$1" in
-  config_complete) { echo "ENVLOG=$ENVLOG"; env | grep '^LISTEN_' || :; } >"$ENVLOG" ;;
+  config_complete) { echo "ENVLOG=$ENVLOG"; env | grep -E '^(LISTEN_|NOTIFY_SOCKET)' || :; } >"$ENVLOG" ;;
   get_size) echo 1048576 ;;
   open) echo "" ;;
   pread) head -c "$3" /dev/zero ;;
@@ -164,13 +166,111 @@ esac
 SH
     chmod +x "$T/plug.sh"
     PORT=$(_free_port)
-    ENVLOG=$T/envlog activate "127.0.0.1:$PORT" -- --plugin sh "$T/plug.sh"
+    ENVLOG=$T/envlog NOTIFY_SOCKET=@blockport-none-$$ activate "127.0.0.1:$PORT" -- --plugin sh "$T/plug.sh"
     run nbdinfo --size "nbd://127.0.0.1:$PORT" | grep -qx 1048576 ||
         fail "sh plugin not served"
     stop_server TERM
     grep -q "^ENVLOG=$T/envlog" "$T/envlog" || fail "the plugin script did not run"
-    if grep '^LISTEN_' "$T/envlog"; then fail "LISTEN_* reached a child"; fi
-    ok "the plugin's script saw no LISTEN_*"
+    if grep -E '^(LISTEN_|NOTIFY_SOCKET)' "$T/envlog"; then
+        fail "LISTEN_* or NOTIFY_SOCKET reached a child"
+    fi
+    ok "the plugin's script saw neither"
 else
     echo "  (nbdkit sh plugin not installed: not checked)"
 fi
+
+########################################################################
+# Readiness notification: a datagram listener as NOTIFY_SOCKET.
+cat >"$T/notify.py" <<'PY'
+import socket, sys
+addr, out, target = sys.argv[1], sys.argv[2], sys.argv[3]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("\0" + addr[1:] if addr.startswith("@") else addr)
+s.settimeout(120)
+
+def connect_now():
+    # At READY=1 the server must accept at once: one try, no retry.
+    c = socket.socket(socket.AF_UNIX)
+    try:
+        c.connect(target)
+        greeting = b""
+        while len(greeting) < 8:
+            b = c.recv(8 - len(greeting))
+            if not b:
+                break
+            greeting += b
+        return "ok" if greeting == b"NBDMAGIC" else repr(greeting)
+    except OSError as e:
+        return str(e)
+    finally:
+        c.close()
+
+with open(out, "a", buffering=1) as f:
+    f.write("bound\n")
+    while True:
+        lines = s.recv(4096).decode().split("\n")
+        for line in lines:
+            f.write("msg " + line + "\n")
+        if "READY=1" in lines and target != "-":
+            f.write("connect at READY: " + connect_now() + "\n")
+        if "STOPPING=1" in lines:
+            break
+PY
+
+# listen_notify ADDR TARGET: start the listener, wait until it is bound.
+listen_notify() {
+    : >"$T/notify.out"
+    "$PY" "$T/notify.py" "$1" "$T/notify.out" "$2" 2>>"$T/notify.out" &
+    NOTIFY_PID=$!
+    track_pid "$NOTIFY_PID"
+    wait_for_line bound
+}
+
+# wait_for_line LINE: LINE appears in the listener's output within 10 s.
+wait_for_line() {
+    local i
+    for ((i = 0; i < 200; i++)); do
+        grep -qxF -- "$1" "$T/notify.out" && return 0
+        sleep 0.05
+    done
+    fail "notify listener: no '$1' within 10 s: $(cat "$T/notify.out")"
+}
+
+check "NOTIFY_SOCKET (path): READY=1 once accepting, STOPPING=1 at SIGTERM"
+listen_notify "$T/notify.sock" "$T/sock"
+NOTIFY_SOCKET=$T/notify.sock start_server "$T/disk.img"
+wait_for_line "msg READY=1"
+wait_for_line "connect at READY: ok"
+wait_for_line "msg STATUS=Serving 1 export on unix $T/sock"
+ok "READY=1 with a status, and the server accepted at once"
+run nbdinfo --size "$URI" | grep -qx 8388608 || fail "nbdinfo after READY=1"
+grep -q "^msg STOPPING=1" "$T/notify.out" && fail "STOPPING=1 before SIGTERM"
+stop_server TERM
+wait_for_line "msg STOPPING=1"
+wait "$NOTIFY_PID" || fail "notify listener failed: $(cat "$T/notify.out")"
+ok "STOPPING=1 at SIGTERM"
+
+check "NOTIFY_SOCKET (abstract '@') with socket activation"
+name="@blockport-test-$$-$RANDOM"
+listen_notify "$name" -
+PORT=$(_free_port)
+NOTIFY_SOCKET=$name activate "127.0.0.1:$PORT" -- "$T/disk.img"
+run nbdinfo --size "nbd://127.0.0.1:$PORT" | grep -qx 8388608 ||
+    fail "nbdinfo through the activated socket"
+# (That READY=1 comes only once clients are accepted is checked above.)
+wait_for_line "msg READY=1"
+wait_for_line "msg STATUS=Serving 1 export on tcp 127.0.0.1:$PORT"
+stop_server TERM
+wait_for_line "msg STOPPING=1"
+wait "$NOTIFY_PID" || fail "notify listener failed: $(cat "$T/notify.out")"
+ok "READY=1, STATUS and STOPPING=1 through an abstract socket"
+
+check "a bad or absent NOTIFY_SOCKET is logged and does not stop the server"
+for ns in "relative/notify" "$T/nobody-listens"; do
+    NOTIFY_SOCKET=$ns start_server "$T/disk.img"
+    run nbdinfo --size "$URI" | grep -qx 8388608 || fail "NOTIFY_SOCKET=$ns: not serving"
+    stop_server TERM
+    grep -q "NOTIFY_SOCKET" "$T/server.log" || fail "NOTIFY_SOCKET=$ns: no warning"
+    : >"$T/server.log"
+done
+ok "served, with a warning"

@@ -2,6 +2,7 @@
  * on the sockets passed. */
 #include <criterion/criterion.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -86,4 +87,45 @@ Test(listener, refuses_the_rest) {
   close(p[0]);
   close(p[1]);
   cr_assert_eq(sd_check_listener(p[0], err, sizeof err), -1);
+}
+
+Test(notify_addr, path_and_abstract) {
+  struct sockaddr_un sa;
+  socklen_t len;
+  char err[160];
+  cr_assert_eq(
+      sd_notify_addr("/run/systemd/notify", &sa, &len, err, sizeof err), 0,
+      "%s", err);
+  cr_assert_str_eq(sa.sun_path, "/run/systemd/notify");
+  cr_assert_eq(len, offsetof(struct sockaddr_un, sun_path) + 20);
+  cr_assert_eq(sd_notify_addr("@bp/notify", &sa, &len, err, sizeof err), 0);
+  cr_assert_eq(sa.sun_path[0], '\0');
+  cr_assert_eq(memcmp(sa.sun_path + 1, "bp/notify", 9), 0);
+  /* No terminator counted: abstract names are exactly their length. */
+  cr_assert_eq(len, offsetof(struct sockaddr_un, sun_path) + 10);
+}
+
+Test(notify_addr, refused) {
+  struct sockaddr_un sa;
+  socklen_t len;
+  char err[160], longp[200];
+  cr_assert_eq(sd_notify_addr("relative/x", &sa, &len, err, sizeof err), -1);
+  cr_assert(strstr(err, "absolute"), "%s", err);
+  cr_assert_eq(sd_notify_addr("vsock:2:1234", &sa, &len, err, sizeof err), -1);
+  cr_assert_eq(sd_notify_addr("", &sa, &len, err, sizeof err), -1);
+  cr_assert_eq(sd_notify_addr("@", &sa, &len, err, sizeof err), -1);
+  memset(longp, 'a', sizeof longp - 1);
+  longp[0] = '/';
+  longp[sizeof longp - 1] = '\0';
+  cr_assert_eq(sd_notify_addr(longp, &sa, &len, err, sizeof err), -1);
+  /* The longest that fit: 107 bytes and a NUL; 108 abstract bytes. */
+  longp[107] = '\0';
+  cr_assert_eq(sd_notify_addr(longp, &sa, &len, err, sizeof err), 0);
+  longp[0] = '@';
+  longp[107] = 'a';
+  longp[108] = '\0';
+  cr_assert_eq(sd_notify_addr(longp, &sa, &len, err, sizeof err), 0);
+  longp[108] = 'a';
+  longp[109] = '\0';
+  cr_assert_eq(sd_notify_addr(longp, &sa, &len, err, sizeof err), -1);
 }
