@@ -5,7 +5,7 @@
 # LISTEN_* not inherited by children, usage errors when sockets are given
 # twice, bad activation environments refused; readiness notification
 # (NOTIFY_SOCKET, path and abstract): READY=1 once clients are accepted,
-# STOPPING=1 at SIGTERM, a bad one only logged.
+# STOPPING=1 at SIGTERM, a bad one only logged; the unit files verified.
 source "$(dirname "$0")/lib.sh"
 require nbdinfo qemu-img cmp
 
@@ -274,3 +274,25 @@ for ns in "relative/notify" "$T/nobody-listens"; do
     : >"$T/server.log"
 done
 ok "served, with a warning"
+
+########################################################################
+check "unit files (contrib/systemd/): systemd-analyze verify is clean"
+if command -v systemd-analyze >/dev/null 2>&1; then
+    src=$(cd "$(dirname "$0")/../../contrib/systemd" && pwd)
+    mkdir -p "$T/units"
+    for u in blockport@.service blockport.service; do
+        sed "s|@CMAKE_INSTALL_FULL_BINDIR@/blockport|$BLOCKPORT|" \
+            "$src/$u.in" >"$T/units/$u"
+    done
+    cp "$src/blockport.socket" "$T/units/"
+    cp "$T/units/blockport@.service" "$T/units/blockport@demo.service"
+    out=$(cd "$T/units" && systemd-analyze verify ./blockport@demo.service \
+        ./blockport.service ./blockport.socket 2>&1) ||
+        fail "systemd-analyze verify failed: $out"
+    [[ -z $out ]] || fail "systemd-analyze verify: $out"
+    grep -q '^Type=notify$' "$T/units/blockport.service" ||
+        fail "blockport.service is not Type=notify"
+    ok "no warnings"
+else
+    echo "  (systemd-analyze not installed: not checked)"
+fi
