@@ -1,0 +1,37 @@
+#!/bin/bash
+# Build the Debian package from build/ (cpack -G DEB), install it with
+# apt-get (which pulls its dependencies), serve an image with the installed
+# /usr/bin/blockport, read it back with nbdinfo, and remove the package.
+# CI runs this on its fresh machine; it needs root and changes the system.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "package-check: needs root" >&2; exit 1; }
+rm -rf build/pkg
+(cd build && cpack -G DEB -B "$PWD/pkg" >/dev/null)
+deb=$(ls build/pkg/blockport_*.deb)
+echo "== installing $deb"
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "./$deb" >/dev/null
+pid=
+cleanup() {
+  [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq blockport >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+w=$(mktemp -d)
+/usr/bin/blockport create -f qcow2 "$w/demo.qcow2" 64M >/dev/null
+/usr/bin/blockport serve --unix "$w/s.sock" --pid-file "$w/pid" "$w/demo.qcow2" 2>"$w/log" &
+pid=$!
+for _ in $(seq 100); do [ -s "$w/pid" ] && break; sleep 0.05; done
+size=$(nbdinfo --size "nbd+unix:///?socket=$w/s.sock")
+[ "$size" = 67108864 ] || { cat "$w/log"; echo "package-check: size $size" >&2; exit 1; }
+man -w blockport-serve >/dev/null 2>&1 || [ -f /usr/share/man/man1/blockport-serve.1 ] ||
+  { echo "package-check: no man page installed" >&2; exit 1; }
+[ -f /usr/share/bash-completion/completions/blockport ] ||
+  { echo "package-check: no bash completion installed" >&2; exit 1; }
+nbdkit_dir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
+[ -z "$nbdkit_dir" ] || [ -f "$nbdkit_dir/nbdkit-blockport-plugin.so" ] ||
+  { echo "package-check: no nbdkit plugin installed" >&2; exit 1; }
+kill "$pid"; wait "$pid"
+pid=
+rm -rf "$w"
+echo "== package installed, served an image, removed: ok"
