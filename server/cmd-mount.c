@@ -59,7 +59,7 @@ static const char mount_usage[] =
     "                          (default: return once the mount is live)\n"
     "  -P, --pid-file FILE     write the pid once the mount is live\n"
     "      --log-file FILE     where a daemon logs (default: nowhere)\n"
-    "  -v, --verbose           log more\n"
+    "  -v, --verbose           log more\n" LOG_USAGE
     "  -h, --help              show this help\n"
     "\n"
     "Unmount with fusermount3 -u MOUNTPOINT, or SIGTERM/SIGINT: both flush\n"
@@ -429,6 +429,7 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       {"pid-file", required_argument, NULL, 'P'},
       {"log-file", required_argument, NULL, OPT_LOG_FILE},
       {"verbose", no_argument, NULL, 'v'},
+      LOG_LONGOPTS,
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
@@ -477,6 +478,13 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
     case 'P': o->pid_file = optarg; break;
     case OPT_LOG_FILE: o->log_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
+    case LOG_OPT_LEVEL:
+    case LOG_OPT_SYSLOG:
+      if (log_handle_option(ch, optarg) < 0) {
+        fprintf(stderr, "blockport mount: bad log level '%s'\n", optarg);
+        return -1;
+      }
+      break;
     case 'h': fputs(mount_usage, stdout); exit(0);
     default: fputs(mount_usage, stderr); return -1;
     }

@@ -54,8 +54,8 @@ static const char vhost_usage[] =
     "      --l2-cache-size SIZE  qcow2 L2 cache (default 32M)\n"
     "      --once              exit when the first front end disconnects\n"
     "  -P, --pid-file FILE     write the pid once the socket listens\n"
-    "  -v, --verbose           log every vhost-user message and request\n"
-    "  -h, --help              show this help\n"
+    "  -v, --verbose           log every vhost-user message and "
+    "request\n" LOG_USAGE "  -h, --help              show this help\n"
     "\n"
     "SIGTERM or SIGINT: finish the requests in flight, flush, exit 0.\n";
 
@@ -98,6 +98,7 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       {"plugin", required_argument, NULL, OPT_PLUGIN},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
+      LOG_LONGOPTS,
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
@@ -142,6 +143,11 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
+    case LOG_OPT_LEVEL:
+    case LOG_OPT_SYSLOG:
+      if (log_handle_option(c, optarg) < 0)
+        return bad_value("log level", optarg);
+      break;
     case 'h': fputs(vhost_usage, stdout); exit(0);
     default: fputs(vhost_usage, stderr); return -1;
     }

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Log levels: --log-level filters what the long-running commands print
+# (one line per event, "blockport: LEVEL: ..."); a bad level is a usage
+# error.
+source "$(dirname "$0")/lib.sh"
+cd "$T"
+
+# vhost_log LEVEL: start and stop blockport vhost, its stderr in vh.log.
+vhost_log() {
+  "$BLOCKPORT" vhost --socket "$T/v.sock" --pid-file "$T/v.pid" \
+    ${1:+--log-level "$1"} memory:1M 2>vh.log &
+  local pid=$!
+  track_pid $pid
+  for _ in $(seq 100); do [ -s v.pid ] && break; sleep 0.05; done
+  [ -s v.pid ] || fail "vhost did not start"
+  kill -TERM $pid
+  wait $pid || fail "vhost exit status $?"
+  rm -f v.pid
+}
+
+check "info by default, nothing below error with --log-level error"
+vhost_log ""
+grep -q "^blockport: info: vhost: serving" vh.log || { cat vh.log; fail "no info line"; }
+vhost_log error
+[ ! -s vh.log ] || { cat vh.log; fail "--log-level error still printed"; }
+vhost_log debug
+grep -q "^blockport: info:" vh.log || fail "debug hides info"
+ok "levels filter"
+
+check "a bad level: exit 2 and a message"
+rc=0; "$BLOCKPORT" vhost --socket "$T/v.sock" --log-level loud memory:1M 2>err.txt || rc=$?
+[ $rc -eq 2 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
+ok "refused"
