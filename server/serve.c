@@ -131,7 +131,7 @@ static const char serve_usage[] =
     "                            that sends nothing for this long (default 0:\n"
     "                            never)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
-    "  -v, --verbose             log every connection and option\n"
+    "  -v, --verbose             log every connection and option\n" LOG_USAGE
     "  -h, --help                show this help\n"
     "\n"
     "Started by systemd socket activation (LISTEN_PID, LISTEN_FDS), it serves\n"
@@ -592,6 +592,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
+      LOG_LONGOPTS,
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
@@ -683,6 +684,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
+    case LOG_OPT_LEVEL:
+    case LOG_OPT_SYSLOG:
+      if (log_handle_option(ch, optarg) < 0)
+        goto bad;
+      break;
     case 'h': fputs(serve_usage, stdout); exit(0);
     default: fputs(serve_usage, stderr); return -1;
     }

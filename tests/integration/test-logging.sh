@@ -31,3 +31,12 @@ check "a bad level: exit 2 and a message"
 rc=0; "$BLOCKPORT" vhost --socket "$T/v.sock" --log-level loud memory:1M 2>err.txt || rc=$?
 [ $rc -eq 2 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
 ok "refused"
+
+check "serve: --log-level error keeps it quiet; a bad level is a usage error"
+rc=0; "$BLOCKPORT" serve --log-level bogus memory:1M 2>err.txt || rc=$?
+[ $rc -eq 2 ] || fail "serve with a bad level: exit $rc"
+start_server --log-level error memory:1M
+nbdinfo --size "$URI" >/dev/null 2>&1 || true
+stop_server
+grep -q "info:" "$T/server.log" && { cat "$T/server.log"; fail "info lines at level error"; }
+ok "quiet"
