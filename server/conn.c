@@ -22,6 +22,7 @@
 #include "../core/cleanup.h"
 #include "../core/log.h"
 #include "conn.h"
+#include "metrics.h"
 #include "nbd-protocol.h"
 #include "tls.h"
 
@@ -255,8 +256,29 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
   return n->buf != NULL;
 }
 
+/* ---- metrics, counted only with --metrics ---- */
+
+static size_t exp_index(const struct conn *c) {
+  return (size_t)(c->exp - c->srv->exports);
+}
+
+static void count_start(struct conn *c, struct nreq *n) {
+  struct metrics *m = c->srv->metrics;
+  if (m)
+    n->t0 = metrics_req_start(m, exp_index(c));
+}
+
+/* Before the reply is queued: after that N may be reused. */
+static void count_done(struct nreq *n, bool err) {
+  struct metrics *m = n->c->srv->metrics;
+  if (m)
+    metrics_req_done(m, exp_index(n->c), metrics_cmd_of_nbd(n->r.type), n->t0,
+                     n->r.length, err);
+}
+
 static void req_done(struct bd_req *bdr, int err) {
   struct nreq *n = (struct nreq *)bdr;
+  count_done(n, err != 0);
   reply_build(n, err);
   send_queue(n->c, n);
 }
@@ -266,6 +288,7 @@ static void fail_req(struct conn *c, struct nreq *n, uint32_t err,
   log_info("connection %u (%s): command %u at %llu+%llu rejected: %s", c->id,
            c->peer, n->r.type, (unsigned long long)n->r.offset,
            (unsigned long long)n->r.length, msg);
+  count_done(n, true);
   reply_error(n, err, msg);
   send_queue(c, n);
 }
@@ -379,6 +402,7 @@ static void handle_request(struct conn *c, const struct nbd_request *r) {
     }
   }
   n->r = *r;
+  count_start(c, n);
   if (err) {
     if (payload > DISCARD_MAX) {
       log_info("connection %u (%s): payload of %llu bytes is too large to "
@@ -522,6 +546,7 @@ static bool spin_read(struct conn *c, enum input *res) {
 static void stop_reading(struct conn *c) {
   c->eof = true;
   if (c->cur) {
+    count_done(c->cur, true);
     pthread_mutex_lock(&c->lock);
     conn_release_locked(c, c->cur);
     pthread_mutex_unlock(&c->lock);
@@ -692,12 +717,22 @@ static void *conn_main(void *arg) {
   char name[16];
   snprintf(name, sizeof name, "bp-conn-%u", c->id);
   pthread_setname_np(pthread_self(), name);
+  struct metrics *m = c->srv->metrics;
+  if (m)
+    metrics_conn_accepted(m);
   log_debug("connection %u from %s", c->id, c->peer);
-  if (handshake(c))
+  if (handshake(c)) {
+    if (m)
+      metrics_export_opened(m, exp_index(c));
     transmission(c);
+    if (m)
+      metrics_export_closed(m, exp_index(c));
+  }
   if (c->bconn)
     bd_conn_close(c->exp->bd, c->bconn);
   log_debug("connection %u (%s) closed", c->id, c->peer);
+  if (m)
+    metrics_conn_closed(m);
   /* Unlink before closing, so shutdown never touches a closed fd. */
   unlink_conn(c);
   conn_free(c);

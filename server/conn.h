@@ -27,6 +27,7 @@ struct nreq {
   uint32_t error;     /* NBD error to answer with, when nonzero */
   const char *errmsg; /* static text for protocol errors */
   uint64_t cost;      /* bytes counted against the in-flight limit */
+  uint64_t t0;        /* ns (monotonic) when it arrived, with --metrics */
   uint8_t *buf;       /* read or write data */
   size_t bufcap;
   uint64_t have;     /* write payload received so far */

@@ -24,6 +24,7 @@
 #include "../formats/formats.h"
 #include "access.h"
 #include "commands.h"
+#include "metrics.h"
 #include "nbd-protocol.h"
 #include "sd-daemon.h"
 #include "server.h"
@@ -48,7 +49,8 @@ struct serve_opts {
   const char *tls_certs; /* --tls-certs DIR */
   const char *tls_psk;   /* --tls-psk FILE */
   bool tls_verify_peer;
-  int unix_mode; /* --unix-mode, -1: as the umask makes it */
+  int unix_mode;       /* --unix-mode, -1: as the umask makes it */
+  const char *metrics; /* --metrics ADDR:PORT */
 };
 
 /* Long options without a short form. */
@@ -61,7 +63,8 @@ enum {
   OPT_UNIX_MODE,
   OPT_HANDSHAKE_TIMEOUT,
   OPT_IDLE_TIMEOUT,
-  OPT_RO_EXPORT
+  OPT_RO_EXPORT,
+  OPT_METRICS
 };
 
 static const char serve_usage[] =
@@ -130,6 +133,8 @@ static const char serve_usage[] =
     "      --idle-timeout SECONDS  close a client with nothing in flight\n"
     "                            that sends nothing for this long (default 0:\n"
     "                            never)\n"
+    "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
+    "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
     "  -P, --pid-file FILE       write the pid once connections are accepted\n"
     "  -v, --verbose             log every connection and option\n" LOG_USAGE
     "  -h, --help                show this help\n"
@@ -482,6 +487,26 @@ static void notify_ready(const struct server *srv, const char *where) {
   sd_notify(msg);
 }
 
+/* --metrics: counters for every export, and the HTTP listener. */
+static struct metrics_http *start_metrics(struct server *srv,
+                                          const char *addr) {
+  const char **names = calloc(srv->nexports, sizeof *names);
+  uint64_t *sizes = calloc(srv->nexports, sizeof *sizes);
+  for (size_t i = 0; names && sizes && i < srv->nexports; i++) {
+    names[i] = srv->exports[i].name;
+    sizes[i] = srv->hs_exports[i].size;
+  }
+  if (names && sizes)
+    srv->metrics = metrics_create(srv->nexports, names, sizes);
+  free(names);
+  free(sizes);
+  if (!srv->metrics) {
+    log_error("--metrics: out of memory");
+    return NULL;
+  }
+  return metrics_http_start(addr, srv->metrics);
+}
+
 /* Wait until every connection has ended, or the deadline passes. */
 static bool wait_conns(struct server *srv, int seconds) {
   struct timespec ts;
@@ -590,6 +615,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
+      {"metrics", required_argument, NULL, OPT_METRICS},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       LOG_LONGOPTS,
@@ -682,6 +708,13 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
         return -1;
       }
       break;
+    case OPT_METRICS: {
+      char host[256], mport[8];
+      if (!metrics_parse_addr(optarg, host, sizeof host, mport, sizeof mport))
+        goto bad;
+      o->metrics = optarg;
+      break;
+    }
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case LOG_OPT_LEVEL:
@@ -737,6 +770,7 @@ int serve_main(int argc, char **argv) {
   int sfd = signalfd(-1, &set, SFD_CLOEXEC);
 
   bool bound_unix = false;
+  struct metrics_http *mhttp = NULL;
   /* --plugin: one image, the plugin with the arguments as parameters. */
   char *plugin =
       o.plugin ? plugin_spec(o.plugin, argv + optind, argc - optind) : NULL;
@@ -748,6 +782,8 @@ int serve_main(int argc, char **argv) {
     goto out;
   if (open_exports(&srv, o.plugin ? &plugin : argv + optind,
                    o.plugin ? 1 : argc - optind, &o) < 0)
+    goto out;
+  if (o.metrics && !(mhttp = start_metrics(&srv, o.metrics)))
     goto out;
   if (bd_pool_start(o.workers) < 0) {
     log_error("cannot start the worker pool");
@@ -798,8 +834,10 @@ out:
     close(lfds[i]);
   if (bound_unix)
     unlink(o.unix_path);
+  metrics_http_stop(mhttp); /* before the export names it shows go */
   if (close_exports(&srv) < 0)
     ret = 1;
+  metrics_free(srv.metrics);
   if (o.pid_file)
     unlink(o.pid_file);
   if (sfd >= 0)

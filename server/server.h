@@ -11,6 +11,7 @@
 
 struct bd;
 struct conn;
+struct metrics;
 
 /* One export: a name and the single opened device all its connections
  * share (which is what makes multi-conn flushes correct). */
@@ -41,6 +42,7 @@ struct server {
   size_t nallow;
   enum hs_tls tls;             /* --tls */
   struct tls_creds *tls_creds; /* when tls is not HS_TLS_OFF */
+  struct metrics *metrics;     /* --metrics, NULL: not collected */
 
   pthread_mutex_t lock;
   pthread_cond_t cond; /* signalled when a connection ends */

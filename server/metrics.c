@@ -1,0 +1,319 @@
+/* Metrics collection (relaxed atomics: counters need no ordering with
+ * anything else) and their rendering in the Prometheus text format. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "nbd-protocol.h"
+
+#define RELAXED memory_order_relaxed
+
+const uint64_t metrics_bounds_ns[METRICS_NBOUNDS] = {
+    50000,    100000,   250000,   500000,    1000000,   2500000,   5000000,
+    10000000, 25000000, 50000000, 100000000, 250000000, 1000000000};
+
+/* The seconds each bound stands for, as Prometheus' "le" label. */
+static const char *const bound_labels[METRICS_NBOUNDS] = {
+    "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005",
+    "0.01",  "0.025",  "0.05",    "0.1",    "0.25",  "1"};
+
+static const char *const cmd_names[METRICS_NCMDS] = {
+    "read",         "write",        "flush", "trim",
+    "write_zeroes", "block_status", "cache", "other"};
+
+struct metrics *metrics_create(size_t nexports, const char *const *names,
+                               const uint64_t *sizes) {
+  struct metrics *m = calloc(1, sizeof *m);
+  if (!m)
+    return NULL;
+  m->exports = aligned_alloc(_Alignof(struct metrics_export),
+                             (nexports ? nexports : 1) * sizeof *m->exports);
+  if (!m->exports) {
+    free(m);
+    return NULL;
+  }
+  m->nexports = nexports;
+  for (size_t i = 0; i < nexports; i++) {
+    struct metrics_export *e = &m->exports[i];
+    *e = (struct metrics_export){.name = names[i], .size = sizes[i]};
+  }
+  return m;
+}
+
+void metrics_free(struct metrics *m) {
+  if (m)
+    free(m->exports);
+  free(m);
+}
+
+uint64_t metrics_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type) {
+  switch (nbd_type) {
+  case NBD_CMD_READ: return METRICS_READ;
+  case NBD_CMD_WRITE: return METRICS_WRITE;
+  case NBD_CMD_FLUSH: return METRICS_FLUSH;
+  case NBD_CMD_TRIM: return METRICS_TRIM;
+  case NBD_CMD_WRITE_ZEROES: return METRICS_WRITE_ZEROES;
+  case NBD_CMD_BLOCK_STATUS: return METRICS_BLOCK_STATUS;
+  case NBD_CMD_CACHE: return METRICS_CACHE;
+  default: return METRICS_OTHER;
+  }
+}
+
+/* ---- collection ---- */
+
+static void add(atomic_uint_least64_t *a, uint64_t v) {
+  atomic_fetch_add_explicit(a, v, RELAXED);
+}
+
+static void sub(atomic_uint_least64_t *a, uint64_t v) {
+  atomic_fetch_sub_explicit(a, v, RELAXED);
+}
+
+static uint64_t get(const atomic_uint_least64_t *a) {
+  return atomic_load_explicit((atomic_uint_least64_t *)a, RELAXED);
+}
+
+void metrics_conn_accepted(struct metrics *m) {
+  add(&m->conns_open, 1);
+  add(&m->conns_accepted, 1);
+}
+
+void metrics_conn_closed(struct metrics *m) {
+  sub(&m->conns_open, 1);
+}
+
+void metrics_export_opened(struct metrics *m, size_t exp) {
+  add(&m->exports[exp].conns_open, 1);
+  add(&m->exports[exp].conns_total, 1);
+}
+
+void metrics_export_closed(struct metrics *m, size_t exp) {
+  sub(&m->exports[exp].conns_open, 1);
+}
+
+uint64_t metrics_req_start(struct metrics *m, size_t exp) {
+  add(&m->exports[exp].inflight, 1);
+  return metrics_now_ns();
+}
+
+static size_t bucket_of(uint64_t ns) {
+  size_t i = 0;
+  while (i < METRICS_NBOUNDS && ns > metrics_bounds_ns[i])
+    i++;
+  return i;
+}
+
+void metrics_observe(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+                     uint64_t ns, uint64_t bytes, bool err) {
+  struct metrics_export *e = &m->exports[exp];
+  struct metrics_cmd_stats *s = &e->cmd[cmd];
+  add(&s->bucket[bucket_of(ns)], 1);
+  add(&s->sum_ns, ns);
+  if (err)
+    add(&s->errors, 1);
+  else if (cmd == METRICS_READ)
+    add(&e->bytes_read, bytes);
+  else if (cmd == METRICS_WRITE)
+    add(&e->bytes_written, bytes);
+}
+
+void metrics_req_done(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+                      uint64_t start, uint64_t bytes, bool err) {
+  uint64_t now = metrics_now_ns();
+  metrics_observe(m, exp, cmd, now > start ? now - start : 0, bytes, err);
+  sub(&m->exports[exp].inflight, 1);
+}
+
+/* ---- rendering ---- */
+
+/* Text appended to a fixed buffer; len counts what did not fit too. */
+struct out {
+  char *buf;
+  size_t cap, len;
+};
+
+__attribute__((format(printf, 2, 3))) static void put(struct out *o,
+                                                      const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = o->len < o->cap ? o->cap - o->len : 0;
+  int n = vsnprintf(room ? o->buf + o->len : NULL, room, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    o->len += (size_t)n;
+}
+
+static void put_char(struct out *o, char ch) {
+  if (o->len + 1 < o->cap) {
+    o->buf[o->len] = ch;
+    o->buf[o->len + 1] = '\0';
+  }
+  o->len++;
+}
+
+/* A label value, escaped as the format asks: \\, \" and \n. */
+static void put_label_value(struct out *o, const char *s) {
+  for (; *s; s++) {
+    if (*s == '\\' || *s == '"') {
+      put_char(o, '\\');
+      put_char(o, *s);
+    } else if (*s == '\n') {
+      put_char(o, '\\');
+      put_char(o, 'n');
+    } else {
+      put_char(o, *s);
+    }
+  }
+}
+
+static void put_header(struct out *o, const char *name, const char *type,
+                       const char *help) {
+  put(o, "# HELP blockport_%s %s\n# TYPE blockport_%s %s\n", name, help, name,
+      type);
+}
+
+/* name{export="E"[,EXTRA]} VALUE */
+static void put_export_sample(struct out *o, const char *name,
+                              const struct metrics_export *e, const char *extra,
+                              uint64_t v) {
+  put(o, "blockport_%s{export=\"", name);
+  put_label_value(o, e->name);
+  put(o, "\"%s%s} %llu\n", extra ? "," : "", extra ? extra : "",
+      (unsigned long long)v);
+}
+
+static void render_server(const struct metrics *m, struct out *o) {
+  put_header(o, "connections", "gauge",
+             "Open client connections, including those in the handshake.");
+  put(o, "blockport_connections %llu\n",
+      (unsigned long long)get(&m->conns_open));
+  put_header(o, "connections_accepted_total", "counter",
+             "Client connections accepted.");
+  put(o, "blockport_connections_accepted_total %llu\n",
+      (unsigned long long)get(&m->conns_accepted));
+  put_header(o, "exports", "gauge", "Exports served.");
+  put(o, "blockport_exports %zu\n", m->nexports);
+}
+
+typedef uint64_t (*export_value_fn)(const struct metrics_export *e);
+
+static uint64_t v_size(const struct metrics_export *e) {
+  return e->size;
+}
+static uint64_t v_conns(const struct metrics_export *e) {
+  return get(&e->conns_open);
+}
+static uint64_t v_conns_total(const struct metrics_export *e) {
+  return get(&e->conns_total);
+}
+static uint64_t v_inflight(const struct metrics_export *e) {
+  return get(&e->inflight);
+}
+static uint64_t v_read(const struct metrics_export *e) {
+  return get(&e->bytes_read);
+}
+static uint64_t v_written(const struct metrics_export *e) {
+  return get(&e->bytes_written);
+}
+static uint64_t v_one(const struct metrics_export *e) {
+  (void)e;
+  return 1;
+}
+
+/* One metric with a sample per export. */
+static void render_per_export(const struct metrics *m, struct out *o,
+                              const char *name, const char *type,
+                              const char *help, export_value_fn value) {
+  put_header(o, name, type, help);
+  for (size_t i = 0; i < m->nexports; i++)
+    put_export_sample(o, name, &m->exports[i], NULL, value(&m->exports[i]));
+}
+
+static uint64_t cmd_count(const struct metrics_cmd_stats *s) {
+  uint64_t n = 0;
+  for (size_t b = 0; b < METRICS_NBUCKETS; b++)
+    n += get(&s->bucket[b]);
+  return n;
+}
+
+/* Requests and errors by command.  The request count is the histogram's
+ * count, so the two always agree. */
+static void render_cmd_counter(const struct metrics *m, struct out *o,
+                               const char *name, const char *help,
+                               bool errors) {
+  put_header(o, name, "counter", help);
+  char extra[40];
+  for (size_t i = 0; i < m->nexports; i++) {
+    const struct metrics_export *e = &m->exports[i];
+    for (size_t c = 0; c < METRICS_NCMDS; c++) {
+      snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
+      uint64_t v = errors ? get(&e->cmd[c].errors) : cmd_count(&e->cmd[c]);
+      put_export_sample(o, name, e, extra, v);
+    }
+  }
+}
+
+static void render_histogram(const struct metrics_export *e, size_t c,
+                             struct out *o) {
+  const struct metrics_cmd_stats *s = &e->cmd[c];
+  const char *name = "request_duration_seconds";
+  char extra[64];
+  uint64_t cum = 0;
+  for (size_t b = 0; b < METRICS_NBUCKETS; b++) {
+    cum += get(&s->bucket[b]);
+    snprintf(extra, sizeof extra, "cmd=\"%s\",le=\"%s\"", cmd_names[c],
+             b < METRICS_NBOUNDS ? bound_labels[b] : "+Inf");
+    put_export_sample(o, "request_duration_seconds_bucket", e, extra, cum);
+  }
+  uint64_t ns = get(&s->sum_ns);
+  put(o, "blockport_%s_sum{export=\"", name);
+  put_label_value(o, e->name);
+  put(o, "\",cmd=\"%s\"} %llu.%09llu\n", cmd_names[c],
+      (unsigned long long)(ns / 1000000000u),
+      (unsigned long long)(ns % 1000000000u));
+  snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
+  put_export_sample(o, "request_duration_seconds_count", e, extra, cum);
+}
+
+static void render_requests(const struct metrics *m, struct out *o) {
+  render_cmd_counter(m, o, "requests_total", "Requests completed.", false);
+  render_cmd_counter(m, o, "request_errors_total",
+                     "Requests answered with an error.", true);
+  render_per_export(m, o, "requests_in_flight", "gauge",
+                    "Requests received and not yet answered.", v_inflight);
+  render_per_export(m, o, "read_bytes_total", "counter",
+                    "Bytes read by successful requests.", v_read);
+  render_per_export(m, o, "written_bytes_total", "counter",
+                    "Bytes written by successful requests.", v_written);
+  put_header(o, "request_duration_seconds", "histogram",
+             "Time from a request's arrival to its completion.");
+  for (size_t i = 0; i < m->nexports; i++)
+    for (size_t c = 0; c < METRICS_NCMDS; c++)
+      render_histogram(&m->exports[i], c, o);
+}
+
+size_t metrics_render(const struct metrics *m, char *buf, size_t cap) {
+  struct out o = {buf, cap, 0};
+  if (cap)
+    buf[0] = '\0';
+  render_server(m, &o);
+  render_per_export(m, &o, "export_info", "gauge",
+                    "Exports by name (always 1).", v_one);
+  render_per_export(m, &o, "export_size_bytes", "gauge", "Size of each export.",
+                    v_size);
+  render_per_export(m, &o, "export_connections", "gauge",
+                    "Connections in transmission on each export.", v_conns);
+  render_per_export(m, &o, "export_connections_total", "counter",
+                    "Connections that chose each export.", v_conns_total);
+  render_requests(m, &o);
+  return o.len;
+}

@@ -1,0 +1,93 @@
+/* Server metrics for Prometheus: counters kept with relaxed atomics on the
+ * request path, rendered as the text exposition format on a scrape.
+ *
+ * Collection is off unless `serve --metrics` created a struct metrics;
+ * callers check the pointer first, so the default path takes no
+ * timestamps and touches no shared counters. */
+#ifndef BLOCKPORT_METRICS_H
+#define BLOCKPORT_METRICS_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum metrics_cmd {
+  METRICS_READ,
+  METRICS_WRITE,
+  METRICS_FLUSH,
+  METRICS_TRIM,
+  METRICS_WRITE_ZEROES,
+  METRICS_BLOCK_STATUS,
+  METRICS_CACHE,
+  METRICS_OTHER, /* rejected commands of unknown type */
+  METRICS_NCMDS
+};
+
+/* Latency bucket bounds in ns; the last bucket is +Inf. */
+#define METRICS_NBOUNDS 13
+#define METRICS_NBUCKETS (METRICS_NBOUNDS + 1)
+extern const uint64_t metrics_bounds_ns[METRICS_NBOUNDS];
+
+struct metrics_cmd_stats {
+  atomic_uint_least64_t bucket[METRICS_NBUCKETS]; /* not cumulative */
+  atomic_uint_least64_t sum_ns;
+  atomic_uint_least64_t errors;
+};
+
+/* One export's counters; aligned so exports do not share cache lines. */
+struct metrics_export {
+  _Alignas(64) atomic_uint_least64_t conns_open;
+  atomic_uint_least64_t conns_total;
+  atomic_uint_least64_t inflight;
+  atomic_uint_least64_t bytes_read, bytes_written;
+  struct metrics_cmd_stats cmd[METRICS_NCMDS];
+  const char *name; /* borrowed */
+  uint64_t size;
+};
+
+struct metrics {
+  atomic_uint_least64_t conns_open; /* including those in the handshake */
+  atomic_uint_least64_t conns_accepted;
+  size_t nexports;
+  struct metrics_export *exports;
+};
+
+/* NAMES and SIZES of NEXPORTS exports (the names are borrowed). */
+struct metrics *metrics_create(size_t nexports, const char *const *names,
+                               const uint64_t *sizes);
+void metrics_free(struct metrics *m);
+
+/* Monotonic nanoseconds. */
+uint64_t metrics_now_ns(void);
+enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type);
+
+void metrics_conn_accepted(struct metrics *m);
+void metrics_conn_closed(struct metrics *m);
+void metrics_export_opened(struct metrics *m, size_t exp);
+void metrics_export_closed(struct metrics *m, size_t exp);
+/* A request begins: counted in flight.  Returns its start time. */
+uint64_t metrics_req_start(struct metrics *m, size_t exp);
+/* A request ends after START (from metrics_req_start): BYTES of data
+ * moved by a read or write, ERR when it failed. */
+void metrics_req_done(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+                      uint64_t start, uint64_t bytes, bool err);
+/* Count a finished request that took NS nanoseconds (for tests). */
+void metrics_observe(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+                     uint64_t ns, uint64_t bytes, bool err);
+
+/* Render M in the Prometheus text format into BUF (CAP bytes, always
+ * NUL-terminated when CAP > 0).  Returns the length the whole text needs,
+ * excluding the NUL, as snprintf does. */
+size_t metrics_render(const struct metrics *m, char *buf, size_t cap);
+
+/* metrics-http.c: the listener for GET /metrics. */
+struct metrics_http;
+/* Parse ADDR:PORT ([V6ADDR]:PORT for IPv6).  False if malformed. */
+bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
+                        char *port, size_t portlen);
+/* Bind TEXT (ADDR:PORT) and serve M on a thread; NULL on error (logged). */
+struct metrics_http *metrics_http_start(const char *text, struct metrics *m);
+void metrics_http_stop(struct metrics_http *h);
+
+#endif
