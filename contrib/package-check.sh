@@ -26,6 +26,8 @@ size=$(nbdinfo --size "nbd+unix:///?socket=$w/s.sock")
 [ "$size" = 67108864 ] || { cat "$w/log"; echo "package-check: size $size" >&2; exit 1; }
 man -w blockport-serve >/dev/null 2>&1 || [ -f /usr/share/man/man1/blockport-serve.1 ] ||
   { echo "package-check: no man page installed" >&2; exit 1; }
+getent passwd blockport >/dev/null ||
+  { echo "package-check: the blockport system user was not created" >&2; exit 1; }
 [ -f /usr/share/bash-completion/completions/blockport ] ||
   { echo "package-check: no bash completion installed" >&2; exit 1; }
 nbdkit_dir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
