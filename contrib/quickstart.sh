@@ -23,7 +23,7 @@ Connect from another terminal:
   nbdinfo --map nbd://localhost:$PORT
   qemu-img info nbd://localhost:$PORT
   qemu-img convert -O qcow2 nbd://localhost:$PORT copy.qcow2
-  mkdir -p /tmp/mnt && nbdfuse /tmp/mnt nbd://localhost:$PORT &   # then: ls -l /tmp/mnt/nbd
+  mkdir -p /tmp/mnt && build/blockport mount nbd://localhost:$PORT /tmp/mnt   # then: ls -l /tmp/mnt
 Stop with Ctrl-C.
 
 MSG
