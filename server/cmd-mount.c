@@ -19,6 +19,7 @@
 #include "../core/pool.h"
 #include "../formats/formats.h"
 #include "../frontend/fuse-mount.h"
+#include "cli.h"
 #include "commands.h"
 
 static const char mount_usage[] =
@@ -82,17 +83,6 @@ struct mount_state {
   struct fm *fm;
   bool mounting, stop;
 };
-
-static int parse_uint(const char *s, unsigned min, unsigned max,
-                      unsigned *out) {
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(s, &end, 10);
-  if (errno || *end || !*s || v < min || v > max)
-    return -1;
-  *out = (unsigned)v;
-  return 0;
-}
 
 /* ---- the disk file's name ---- */
 
@@ -175,18 +165,6 @@ static char *absolute(const char *path) {
   return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
 }
 
-static int write_pid_file(const char *path) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-      rename(tmp, path) < 0) {
-    log_error("pid file %s: %s", path, strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
 /* Fork.  The parent waits for the child to say the mount is live (one
  * byte on the pipe) and exits 0, or exits with the child's status when it
  * failed first.  Returns, in the child, the pipe's write end. */
@@ -243,7 +221,7 @@ static void detach_stdio(const char *log_file) {
 static void on_live(void *opaque) {
   struct mount_state *s = opaque;
   if (s->pid_path)
-    write_pid_file(s->pid_path);
+    cli_write_pid_file(s->pid_path);
   if (s->notify_fd >= 0)
     detach_stdio(s->o->log_file);
   log_info("mounted %s on %s", s->o->source, s->o->mountpoint);
@@ -453,19 +431,19 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       o->direct_io = strcmp(optarg, "none") == 0;
       break;
     case 't':
-      if (parse_uint(optarg, 1, 1024, &o->threads) < 0)
+      if (cli_parse_uint(optarg, 1, 1024, &o->threads) < 0)
         goto bad;
       break;
     case 'w':
-      if (parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
+      if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
         goto bad;
       break;
     case 'C':
-      if (parse_uint(optarg, 1, 64, &nbd_source_connections) < 0)
+      if (cli_parse_uint(optarg, 1, 64, &nbd_source_connections) < 0)
         goto bad;
       break;
     case OPT_TIMEOUT:
-      if (parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
         goto bad;
       break;
     case OPT_L2_CACHE:

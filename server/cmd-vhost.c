@@ -15,6 +15,7 @@
 #include "../core/pool.h"
 #include "../formats/formats.h"
 #include "../frontend/vhost-user.h"
+#include "cli.h"
 #include "commands.h"
 
 static const char vhost_usage[] =
@@ -66,17 +67,6 @@ struct vhost_opts {
   unsigned workers;
 };
 
-static int parse_uint(const char *s, unsigned min, unsigned max,
-                      unsigned *out) {
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(s, &end, 10);
-  if (errno || *end || !*s || v < min || v > max)
-    return -1;
-  *out = (unsigned)v;
-  return 0;
-}
-
 static int bad_value(const char *opt, const char *v) {
   fprintf(stderr, "blockport vhost: invalid %s '%s'\n", opt, v);
   return -1;
@@ -110,24 +100,24 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
     switch (c) {
     case 's': o->vhu.socket_path = optarg; break;
     case 'q':
-      if (parse_uint(optarg, 1, VHU_MAX_QUEUES, &o->vhu.queues) < 0)
+      if (cli_parse_uint(optarg, 1, VHU_MAX_QUEUES, &o->vhu.queues) < 0)
         return bad_value("queue count", optarg);
       break;
     case 'r': o->vhu.readonly = true; break;
     case 'f': o->format = optarg; break;
     case 'C':
-      if (parse_uint(optarg, 1, 64, &v) < 0)
+      if (cli_parse_uint(optarg, 1, 64, &v) < 0)
         return bad_value("connection count", optarg);
       nbd_source_connections = v;
       break;
     case OPT_TIMEOUT:
-      if (parse_uint(optarg, 0, 86400, &v) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &v) < 0)
         return bad_value("timeout", optarg);
       nbd_source_timeout = v;
       break;
     case OPT_SERIAL: o->vhu.serial = optarg; break;
     case 'w':
-      if (parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
+      if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
         return bad_value("worker count", optarg);
       break;
     case OPT_L2:
@@ -170,15 +160,8 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
 }
 
 static void write_pid_file(void *opaque) {
-  const char *path = opaque;
-  if (!path)
-    return;
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-      rename(tmp, path) < 0)
-    log_error("pid file %s: %s", path, strerror(errno));
+  if (opaque)
+    cli_write_pid_file(opaque);
 }
 
 /* SIGINT and SIGTERM arrive through a signalfd that the vhost loop

@@ -23,6 +23,7 @@
 #include "../core/pool.h"
 #include "../formats/formats.h"
 #include "access.h"
+#include "cli.h"
 #include "commands.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
@@ -143,17 +144,6 @@ static const char serve_usage[] =
     "on the sockets it was given; --unix, --port, --bind and --unix-mode are\n"
     "then refused.  With NOTIFY_SOCKET set (systemd Type=notify), it sends\n"
     "READY=1 once clients can connect and STOPPING=1 when shutting down.\n";
-
-static int parse_uint(const char *s, unsigned min, unsigned max,
-                      unsigned *out) {
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(s, &end, 10);
-  if (errno || *end || !*s || v < min || v > max)
-    return -1;
-  *out = (unsigned)v;
-  return 0;
-}
 
 /* ---- exports ---- */
 
@@ -430,18 +420,6 @@ static void accept_one(struct server *srv, int lfd) {
   conn_start(srv, fd, peer);
 }
 
-static int write_pid_file(const char *path) {
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
-      rename(tmp, path) < 0) {
-    log_error("pid file %s: %s", path, strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
 /* Take the sockets systemd passed, if any.  Returns their number, -1 on
  * error (1), -2 on a usage error (2). */
 static int take_activated(struct serve_opts *o, int *lfds) {
@@ -628,7 +606,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     switch (ch) {
     case 'u': o->unix_path = optarg; break;
     case 'p':
-      if (parse_uint(optarg, 0, 65535, &port) < 0)
+      if (cli_parse_uint(optarg, 0, 65535, &port) < 0)
         goto bad;
       o->port = optarg;
       break;
@@ -636,15 +614,15 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     case 'r': o->readonly = true; break;
     case 'f': o->format = optarg; break;
     case 'w':
-      if (parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
+      if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
         goto bad;
       break;
     case 'c':
-      if (parse_uint(optarg, 1, 1000000, &lim->max_connections) < 0)
+      if (cli_parse_uint(optarg, 1, 1000000, &lim->max_connections) < 0)
         goto bad;
       break;
     case 'R':
-      if (parse_uint(optarg, 1, 65536, &lim->max_requests) < 0)
+      if (cli_parse_uint(optarg, 1, 65536, &lim->max_requests) < 0)
         goto bad;
       break;
     case 'B':
@@ -657,11 +635,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
         goto bad;
       break;
     case 'N':
-      if (parse_uint(optarg, 0, 16, &nbd_source_connections) < 0)
+      if (cli_parse_uint(optarg, 0, 16, &nbd_source_connections) < 0)
         goto bad;
       break;
     case 'T':
-      if (parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
         goto bad;
       break;
     case 'G': o->plugin = optarg; break;
@@ -693,12 +671,12 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       break;
     }
     case OPT_HANDSHAKE_TIMEOUT:
-      if (parse_uint(optarg, 0, 86400, &secs) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &secs) < 0)
         goto bad;
       lim->handshake_ms = secs * 1000;
       break;
     case OPT_IDLE_TIMEOUT:
-      if (parse_uint(optarg, 0, 86400 * 7, &secs) < 0)
+      if (cli_parse_uint(optarg, 0, 86400 * 7, &secs) < 0)
         goto bad;
       lim->idle_ms = secs * 1000;
       break;
@@ -807,7 +785,7 @@ int serve_main(int argc, char **argv) {
              o.tls_verify_peer ? " (client certificates required)" : "",
              o.tls_certs && o.tls_psk ? ", " : "",
              o.tls_psk ? "pre-shared keys" : "");
-  if (o.pid_file && write_pid_file(o.pid_file) < 0)
+  if (o.pid_file && cli_write_pid_file(o.pid_file) < 0)
     goto out;
   char where[1024];
   describe_listeners(lfds, nl, where, sizeof where);

@@ -1,0 +1,31 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/log.h"
+
+int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || !*s || v < min || v > max)
+    return -1;
+  *out = (unsigned)v;
+  return 0;
+}
+
+int cli_write_pid_file(const char *path) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "w");
+  if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0 ||
+      rename(tmp, path) < 0) {
+    log_error("pid file %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}

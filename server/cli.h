@@ -1,0 +1,11 @@
+/* Small helpers every subcommand's command line uses. */
+#ifndef BLOCKPORT_CLI_H
+#define BLOCKPORT_CLI_H
+
+/* A decimal number in [MIN, MAX].  Returns 0, or -1 when S is not one. */
+int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
+/* Write our pid to PATH atomically (a temporary file renamed over it), so a
+ * reader never sees it half written.  Returns 0, or -1 with a log line. */
+int cli_write_pid_file(const char *path);
+
+#endif
