@@ -92,11 +92,62 @@ bool hs_client_flags(struct hs_state *hs, uint32_t flags) {
 
 static int find_export(const struct hs_catalog *cat, const uint8_t *name,
                        uint32_t len) {
-  if (len == 0)
+  if (len == 0 && !cat->no_default)
     return cat->n > 0 ? 0 : -1;
   for (size_t i = 0; i < cat->n; i++)
-    if (strlen(cat->v[i].name) == len && memcmp(cat->v[i].name, name, len) == 0)
+    if (strlen(cat->v[i].name) == len &&
+        (len == 0 || memcmp(cat->v[i].name, name, len) == 0))
       return (int)i;
+  return -1;
+}
+
+static bool admitted(const struct hs_catalog *cat, size_t idx) {
+  return !cat->admits || cat->admits(cat->admits_ctx, idx);
+}
+
+/* 0 if the client may use export IDX now, else the error to reply with.
+ * Admission comes first: a client that may never use the export has no
+ * use for being told to come back with TLS. */
+static uint32_t access_error(const struct hs_state *hs,
+                             const struct hs_catalog *cat, int idx) {
+  if (!admitted(cat, (size_t)idx))
+    return NBD_REP_ERR_POLICY;
+  if (cat->v[idx].tls_required && !hs->tls_active)
+    return NBD_REP_ERR_TLS_REQD;
+  return 0;
+}
+
+/* Names may be 4096 bytes: quote at most this much of one in a message. */
+#define HS_QUOTED_NAME_MAX 64
+
+static void reply_policy(struct hs_out *out, uint32_t opt, const uint8_t *name,
+                         uint32_t len) {
+  uint32_t n = len;
+  if (n > HS_QUOTED_NAME_MAX) {
+    n = HS_QUOTED_NAME_MAX;
+    while (n > 0 && (name[n] & 0xc0) == 0x80)
+      n--; /* cut before a UTF-8 character, not inside it */
+  }
+  char msg[HS_QUOTED_NAME_MAX + 64];
+  snprintf(msg, sizeof msg,
+           "access to export '%.*s%s' is not allowed from this address", (int)n,
+           (const char *)name, n < len ? "..." : "");
+  reply_err(out, opt, NBD_REP_ERR_POLICY, msg);
+}
+
+/* The export NAME names for OPT, or -1 after replying why it cannot be
+ * used. */
+static int lookup(const struct hs_state *hs, const struct hs_catalog *cat,
+                  uint32_t opt, const uint8_t *name, uint32_t len,
+                  struct hs_out *out) {
+  int idx = find_export(cat, name, len);
+  uint32_t err = idx < 0 ? NBD_REP_ERR_UNKNOWN : access_error(hs, cat, idx);
+  switch (err) {
+  case 0: return idx;
+  case NBD_REP_ERR_UNKNOWN: reply_err(out, opt, err, "no such export"); break;
+  case NBD_REP_ERR_POLICY: reply_policy(out, opt, name, len); break;
+  default: reply_err(out, opt, err, "export requires TLS"); break;
+  }
   return -1;
 }
 
@@ -134,8 +185,10 @@ static void do_list(const struct hs_catalog *cat, uint32_t len,
     reply_err(out, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
     return;
   }
+  /* TLS-required exports are listed in the clear too: INFO and GO then
+   * tell the client to use TLS for them. */
   for (size_t i = 0; i < cat->n; i++)
-    if (!cat->v[i].unlisted)
+    if (!cat->v[i].unlisted && admitted(cat, i))
       reply_server(out, &cat->v[i]);
   reply_ack(out, NBD_OPT_LIST);
 }
@@ -188,11 +241,9 @@ static enum hs_result do_info_go(struct hs_state *hs,
     reply_err(out, opt, NBD_REP_ERR_INVALID, "bad information request count");
     return HS_CONTINUE;
   }
-  int idx = find_export(cat, data + 4, nlen);
-  if (idx < 0) {
-    reply_err(out, opt, NBD_REP_ERR_UNKNOWN, "no such export");
+  int idx = lookup(hs, cat, opt, data + 4, nlen, out);
+  if (idx < 0)
     return HS_CONTINUE;
-  }
   /* Contexts chosen for another export do not carry over to this one. */
   struct hs_state probe = *hs;
   if (probe.ctx_export != idx)
@@ -213,8 +264,9 @@ static enum hs_result do_export_name(struct hs_state *hs,
                                      const uint8_t *data, uint32_t len,
                                      struct hs_out *out) {
   int idx = find_export(cat, data, len);
-  if (idx < 0)
-    return HS_CLOSE; /* the spec leaves no way to refuse but closing */
+  /* The spec leaves no way to refuse but closing. */
+  if (idx < 0 || access_error(hs, cat, idx))
+    return HS_CLOSE;
   const struct hs_export *e = &cat->v[idx];
   /* Without structured replies no meta context can be used. */
   hs->ctx_base = hs->ctx_depth = false;
@@ -288,11 +340,9 @@ static void do_meta_context(struct hs_state *hs, const struct hs_catalog *cat,
     reply_err(out, opt, NBD_REP_ERR_INVALID, "trailing bytes after queries");
     return;
   }
-  int idx = find_export(cat, data + 4, nlen);
-  if (idx < 0) {
-    reply_err(out, opt, NBD_REP_ERR_UNKNOWN, "no such export");
+  int idx = lookup(hs, cat, opt, data + 4, nlen, out);
+  if (idx < 0)
     return;
-  }
   if (list && nq == 0)
     mask = (1u << HS_CTX_BASE_ALLOCATION) | (1u << HS_CTX_ALLOCATION_DEPTH);
   for (unsigned id = HS_CTX_BASE_ALLOCATION; id <= HS_CTX_ALLOCATION_DEPTH;

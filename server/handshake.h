@@ -15,13 +15,22 @@ struct hs_export {
   uint64_t size;
   uint16_t tflags; /* without the flags that depend on negotiation */
   uint32_t min_block, pref_block, max_block;
-  bool unlisted; /* reachable, but left out of NBD_OPT_LIST */
+  bool unlisted;     /* reachable, but left out of NBD_OPT_LIST */
+  bool tls_required; /* usable only after STARTTLS (still listed before) */
 };
 
-/* The exports on offer; v[0] is also the default export "". */
+/* The exports on offer.  Zero-initialised fields keep the defaults: v[0]
+ * is also the default export "", and every client may use every export. */
 struct hs_catalog {
   const struct hs_export *v;
   size_t n;
+  /* No default export: "" names only an export literally called "". */
+  bool no_default;
+  /* Whether this client may use export IDX (NULL: everyone may).  A client
+   * that may not is not shown the export in NBD_OPT_LIST and is refused
+   * with NBD_REP_ERR_POLICY (EXPORT_NAME: the connection is closed). */
+  bool (*admits)(const void *ctx, size_t idx);
+  const void *admits_ctx;
 };
 
 /* Meta context ids as sent to clients. */
