@@ -1,6 +1,7 @@
 /* Unit tests for server/handshake.c: the fixed-newstyle option state
  * machine, checked byte for byte through the replies it produces. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1056,4 +1057,281 @@ Test(tls, on_serves_plain_clients_too) {
   negotiate_structured();
   struct buf b = info_data("main", 0, NULL);
   cr_assert_eq(opt_buf(NBD_OPT_GO, &b), HS_GO);
+}
+
+/* ---- per-export policy: admits, tls_required, no_default ---- */
+
+static const struct hs_export pol_exports[4] = {
+    {.name = "main", .description = "", .size = 1, .min_block = 1},
+    {.name = "secure",
+     .description = "TLS only",
+     .size = 2,
+     .min_block = 1,
+     .tls_required = true},
+    {.name = "private", .description = "", .size = 3, .min_block = 1},
+    {.name = "hidden",
+     .description = "",
+     .size = 4,
+     .min_block = 1,
+     .unlisted = true},
+};
+
+/* The admits callback: refuses the one index its context points at. */
+static bool refuse_one(const void *ctx, size_t idx) {
+  return idx != *(const size_t *)ctx;
+}
+
+static size_t refused;
+static struct hs_catalog pcat;
+
+static void pol_setup(void) {
+  setup();
+  refused = 2;
+  pcat = (struct hs_catalog){pol_exports, 4, .admits = refuse_one,
+                             .admits_ctx = &refused};
+}
+
+static enum hs_result popt(uint32_t opt, const struct buf *b) {
+  out.len = 0;
+  return hs_option(&hs, &pcat, opt, b->b, b->len, &out);
+}
+
+static enum hs_result pexport_name(const char *name) {
+  out.len = 0;
+  return hs_option(&hs, &pcat, NBD_OPT_EXPORT_NAME, (const uint8_t *)name,
+                   (uint32_t)strlen(name), &out);
+}
+
+/* Expect one error reply of TYPE with exactly message MSG. */
+static void want_error(uint32_t opt, uint32_t type, const char *msg) {
+  struct rep r = one_reply(&out, opt, type);
+  cr_assert_eq(r.len, strlen(msg), "message '%.*s'", (int)r.len, r.data);
+  cr_assert_arr_eq(r.data, msg, r.len);
+}
+
+static void start_tls(void) {
+  hs.tls = HS_TLS_ON;
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_STARTTLS, &none), HS_STARTTLS);
+  hs_tls_started(&hs);
+}
+
+TestSuite(policy, .init = pol_setup, .fini = teardown);
+
+static const char private_refused[] =
+    "access to export 'private' is not allowed from this address";
+
+Test(policy, list_leaves_out_refused_but_shows_tls_required) {
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_LIST, &none), HS_CONTINUE);
+  struct rep v[8];
+  cr_assert_eq(parse_replies(&out, v, 8), 3);
+  cr_assert_eq(v[0].type, NBD_REP_SERVER);
+  cr_assert_eq(get_be32(v[0].data), 4);
+  cr_assert_arr_eq(v[0].data + 4, "main", 4);
+  cr_assert_eq(v[1].type, NBD_REP_SERVER);
+  cr_assert_eq(get_be32(v[1].data), 6);
+  cr_assert_arr_eq(v[1].data + 4, "secure", 6);
+  cr_assert_eq(v[2].type, NBD_REP_ACK);
+  /* Refusing another export shows "private" and hides that one. */
+  refused = 0;
+  cr_assert_eq(popt(NBD_OPT_LIST, &none), HS_CONTINUE);
+  cr_assert_eq(parse_replies(&out, v, 8), 3);
+  cr_assert_arr_eq(v[0].data + 4, "secure", 6);
+  cr_assert_arr_eq(v[1].data + 4, "private", 7);
+}
+
+Test(policy, list_without_admits_shows_all_listed) {
+  pcat.admits = NULL;
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_LIST, &none), HS_CONTINUE);
+  struct rep v[8];
+  cr_assert_eq(parse_replies(&out, v, 8), 4);
+  cr_assert_arr_eq(v[2].data + 4, "private", 7);
+  cr_assert_eq(v[3].type, NBD_REP_ACK);
+}
+
+Test(policy, info_go_not_admitted) {
+  struct buf b = info_data("private", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_INFO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_INFO, NBD_REP_ERR_POLICY, private_refused);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_GO, NBD_REP_ERR_POLICY, private_refused);
+  cr_assert_eq(hs.export_index, -1);
+  /* The client may carry on with an export it may use. */
+  b = info_data("main", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_GO);
+  cr_assert_eq(hs.export_index, 0);
+}
+
+Test(policy, not_admitted_even_with_tls) {
+  start_tls();
+  struct buf b = info_data("private", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_GO, NBD_REP_ERR_POLICY, private_refused);
+  cr_assert_eq(hs.export_index, -1);
+}
+
+/* Admission is checked before TLS: no hint to come back encrypted. */
+Test(policy, not_admitted_beats_tls_required) {
+  refused = 1;
+  struct buf b = info_data("secure", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_INFO, &b), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_INFO, NBD_REP_ERR_POLICY);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_GO, NBD_REP_ERR_POLICY);
+  start_tls();
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_GO, NBD_REP_ERR_POLICY);
+  cr_assert_eq(hs.export_index, -1);
+}
+
+Test(policy, default_export_not_admitted) {
+  refused = 0;
+  struct buf b = info_data("", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_GO, NBD_REP_ERR_POLICY,
+             "access to export '' is not allowed from this address");
+  cr_assert_eq(hs.export_index, -1);
+  cr_assert_eq(pexport_name(""), HS_CLOSE);
+}
+
+Test(policy, tls_required_before_tls) {
+  hs.tls = HS_TLS_ON;
+  struct buf b = info_data("secure", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_INFO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_INFO, NBD_REP_ERR_TLS_REQD, "export requires TLS");
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  want_error(NBD_OPT_GO, NBD_REP_ERR_TLS_REQD, "export requires TLS");
+  cr_assert_eq(hs.export_index, -1);
+}
+
+Test(policy, tls_required_goes_after_starttls) {
+  start_tls();
+  struct buf b = info_data("secure", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_INFO, &b), HS_CONTINUE);
+  struct rep v[8];
+  cr_assert_eq(parse_replies(&out, v, 8), 3);
+  cr_assert_eq(v[2].type, NBD_REP_ACK);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
+}
+
+Test(policy, tls_required_export_name_after_starttls) {
+  start_tls();
+  cr_assert_eq(pexport_name("secure"), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
+  cr_assert_eq(get_be64(out.buf), 2);
+}
+
+Test(policy, export_name_refused_closes) {
+  hs.tls = HS_TLS_ON;
+  const char *names[] = {"private", "secure"};
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(pexport_name(names[i]), HS_CLOSE, "%s", names[i]);
+    cr_assert_eq(out.len, 0);
+    cr_assert_eq(hs.export_index, -1);
+  }
+}
+
+Test(policy, meta_context_refused) {
+  hs.tls = HS_TLS_ON;
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_STRUCTURED_REPLY, &none), HS_CONTINUE);
+  const char *q[] = {"base:allocation", NULL};
+  struct buf m = meta_data("main", q);
+  cr_assert_eq(popt(NBD_OPT_SET_META_CONTEXT, &m), HS_CONTINUE);
+  cr_assert(hs.ctx_base);
+  uint32_t opts[] = {NBD_OPT_LIST_META_CONTEXT, NBD_OPT_SET_META_CONTEXT};
+  for (int k = 0; k < 2; k++) {
+    m = meta_data("private", q);
+    cr_assert_eq(popt(opts[k], &m), HS_CONTINUE);
+    want_error(opts[k], NBD_REP_ERR_POLICY, private_refused);
+    m = meta_data("secure", q);
+    cr_assert_eq(popt(opts[k], &m), HS_CONTINUE);
+    want_error(opts[k], NBD_REP_ERR_TLS_REQD, "export requires TLS");
+  }
+  /* The refused SET left the earlier selection alone. */
+  cr_assert(hs.ctx_base);
+  cr_assert_eq(hs.ctx_export, 0);
+}
+
+Test(policy, meta_context_tls_required_after_starttls) {
+  start_tls();
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_STRUCTURED_REPLY, &none), HS_CONTINUE);
+  const char *q[] = {"base:allocation", NULL};
+  struct buf m = meta_data("secure", q);
+  cr_assert_eq(popt(NBD_OPT_SET_META_CONTEXT, &m), HS_CONTINUE);
+  struct rep v[8];
+  cr_assert_eq(parse_replies(&out, v, 8), 2);
+  cr_assert_eq(v[1].type, NBD_REP_ACK);
+  cr_assert(hs.ctx_base);
+  cr_assert_eq(hs.ctx_export, 1);
+}
+
+/* A refused name is quoted only in part, cut at a character boundary. */
+Test(policy, long_name_is_not_echoed_whole) {
+  static char name[NBD_MAX_STRING + 1];
+  name[0] = 'a';
+  for (size_t i = 1; i + 1 < NBD_MAX_STRING; i += 2)
+    memcpy(name + i, "\xc3\xa9", 2); /* U+00E9, two bytes */
+  name[NBD_MAX_STRING - 1] = '\0';
+  struct hs_export e = {.name = name, .description = "", .min_block = 1};
+  refused = 0;
+  pcat =
+      (struct hs_catalog){&e, 1, .admits = refuse_one, .admits_ctx = &refused};
+  struct buf b = {.len = 0};
+  b_u32(&b, (uint32_t)strlen(name));
+  b_str(&b, name);
+  b_u16(&b, 0);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  struct rep r = one_reply(&out, NBD_OPT_GO, NBD_REP_ERR_POLICY);
+  char want[256];
+  snprintf(want, sizeof want,
+           "access to export '%.63s...' is not allowed from this address",
+           name);
+  cr_assert_eq(r.len, strlen(want), "message '%.*s'", (int)r.len, r.data);
+  cr_assert_arr_eq(r.data, want, r.len);
+}
+
+Test(policy, no_default_empty_name_is_unknown) {
+  pcat.no_default = true;
+  struct buf b = info_data("", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_INFO, &b), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_INFO, NBD_REP_ERR_UNKNOWN);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_GO, NBD_REP_ERR_UNKNOWN);
+  cr_assert_eq(hs.export_index, -1);
+  struct buf none = {.len = 0};
+  cr_assert_eq(popt(NBD_OPT_STRUCTURED_REPLY, &none), HS_CONTINUE);
+  struct buf m = meta_data("", NULL);
+  cr_assert_eq(popt(NBD_OPT_LIST_META_CONTEXT, &m), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_LIST_META_CONTEXT, NBD_REP_ERR_UNKNOWN);
+  cr_assert_eq(popt(NBD_OPT_SET_META_CONTEXT, &m), HS_CONTINUE);
+  one_reply(&out, NBD_OPT_SET_META_CONTEXT, NBD_REP_ERR_UNKNOWN);
+  cr_assert_eq(pexport_name(""), HS_CLOSE);
+  cr_assert_eq(out.len, 0);
+  cr_assert_eq(hs.export_index, -1);
+}
+
+Test(policy, no_default_empty_name_matches_export_named_empty) {
+  const struct hs_export v[2] = {
+      {.name = "main", .description = "", .size = 1, .min_block = 1},
+      {.name = "", .description = "", .size = 2, .min_block = 1},
+  };
+  pcat = (struct hs_catalog){v, 2, .no_default = true};
+  struct buf b = info_data("", 0, NULL);
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
+  memset(&hs, 0, sizeof hs);
+  cr_assert(hs_client_flags(&hs, NBD_FLAG_C_FIXED_NEWSTYLE));
+  cr_assert_eq(pexport_name(""), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
+  /* Without no_default, "" is still v[0], whatever the names. */
+  pcat.no_default = false;
+  memset(&hs, 0, sizeof hs);
+  cr_assert(hs_client_flags(&hs, NBD_FLAG_C_FIXED_NEWSTYLE));
+  cr_assert_eq(popt(NBD_OPT_GO, &b), HS_GO);
+  cr_assert_eq(hs.export_index, 0);
 }
