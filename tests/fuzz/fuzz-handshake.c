@@ -8,7 +8,13 @@
  * then checked for framing and the state for consistency.  STARTTLS is
  * taken to succeed; the server's TLS policy comes from the input's length
  * (so existing inputs stay meaningful), and under "require" nothing but
- * TLS_REQD may be answered before TLS. */
+ * TLS_REQD may be answered before TLS.
+ *
+ * The per-export policy comes from the length too: which export the
+ * client is not admitted to, and whether "" is the default export.  The
+ * checks: LIST shows only exports the client may use or learn to use with
+ * TLS, every refusal names the right reason, and no option ever reaches
+ * an export the client may not use (now). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +31,7 @@
     }                                                                          \
   } while (0)
 
-static const struct hs_export exports[2] = {
+static const struct hs_export exports[4] = {
     {.name = "disk",
      .description = "a writable disk",
      .size = 1ull << 30,
@@ -42,8 +48,50 @@ static const struct hs_export exports[2] = {
      .min_block = 1,
      .pref_block = 512,
      .max_block = 1u << 20},
+    {.name = "tls",
+     .description = "TLS only",
+     .size = 4096,
+     .tflags = NBD_FLAG_SEND_FLUSH,
+     .min_block = 1,
+     .pref_block = 4096,
+     .max_block = 1u << 20,
+     .tls_required = true},
+    {.name = "", /* reached by "" only without a default export */
+     .description = "unnamed",
+     .size = 512,
+     .min_block = 1,
+     .pref_block = 512,
+     .max_block = 512},
 };
-static const struct hs_catalog catalog = {exports, 2};
+#define NEXPORTS (sizeof exports / sizeof exports[0])
+
+/* The one export the client is not admitted to. */
+static size_t refused;
+static bool refuse_one(const void *ctx, size_t idx) {
+  return idx != *(const size_t *)ctx;
+}
+static struct hs_catalog catalog = {exports, NEXPORTS, .admits = refuse_one,
+                                    .admits_ctx = &refused};
+
+/* The export literally called NAME; -1 if none. */
+static int named(const uint8_t *name, uint32_t len) {
+  for (size_t i = 0; i < NEXPORTS; i++)
+    if (strlen(exports[i].name) == len &&
+        (len == 0 || !memcmp(exports[i].name, name, len)))
+      return (int)i;
+  return -1;
+}
+
+/* The export a client's NAME refers to, as the policy says; -1 if none. */
+static int resolve(const uint8_t *name, uint32_t len) {
+  return len == 0 && !catalog.no_default ? 0 : named(name, len);
+}
+
+/* Whether the client may use export IDX right now. */
+static bool usable(const struct hs_state *hs, int idx) {
+  return idx >= 0 && (size_t)idx != refused &&
+         (!exports[idx].tls_required || hs->tls_active);
+}
 
 /* The state must be one a server can act on. */
 static void check_state(const struct hs_state *hs) {
@@ -53,6 +101,9 @@ static void check_state(const struct hs_state *hs) {
     CHECK(hs->structured);
     CHECK(hs->ctx_export >= 0 && (size_t)hs->ctx_export < catalog.n);
   }
+  /* Contexts are only ever chosen for an export the client may use. */
+  if (hs->ctx_export >= 0)
+    CHECK(usable(hs, hs->ctx_export));
 }
 
 /* Check the replies to option OPT in OUT; returns the number of replies. */
@@ -70,10 +121,14 @@ static size_t check_replies(const struct hs_out *out, uint32_t opt,
     const uint8_t *d = p + 20;
     switch (type) {
     case NBD_REP_ACK: CHECK(len == 0); break;
-    case NBD_REP_SERVER:
+    case NBD_REP_SERVER: {
       CHECK(opt == NBD_OPT_LIST);
       CHECK(len >= 4 && get_be32(d) <= len - 4);
+      /* Listed: admitted, not unlisted; TLS-only ones too before TLS. */
+      int idx = named(d + 4, get_be32(d));
+      CHECK(idx >= 0 && (size_t)idx != refused && !exports[idx].unlisted);
       break;
+    }
     case NBD_REP_INFO:
       CHECK(opt == NBD_OPT_INFO || opt == NBD_OPT_GO);
       CHECK(len >= 2);
@@ -119,8 +174,41 @@ static void check_plain_refused(const struct hs_state *hs, uint32_t opt,
           20 + get_be32(out->buf + 16) == out->len);
 }
 
+/* INFO, GO and the META_CONTEXT options name an export; once the name
+ * is looked at (the answer is an ACK or an error about the export), the
+ * answer must follow the policy for that export. */
+static void check_named(const struct hs_state *hs, uint32_t opt,
+                        const uint8_t *data, uint32_t len,
+                        const struct hs_out *out) {
+  if (opt != NBD_OPT_INFO && opt != NBD_OPT_GO &&
+      opt != NBD_OPT_LIST_META_CONTEXT && opt != NBD_OPT_SET_META_CONTEXT)
+    return;
+  uint32_t first = get_be32(out->buf + 12), last = first;
+  for (size_t off = 0; off < out->len;
+       off += 20 + get_be32(out->buf + off + 16))
+    last = get_be32(out->buf + off + 12);
+  if (first != NBD_REP_ERR_POLICY && first != NBD_REP_ERR_TLS_REQD &&
+      first != NBD_REP_ERR_UNKNOWN && last != NBD_REP_ACK)
+    return; /* refused before the name was looked at */
+  if (hs->tls == HS_TLS_REQUIRE && !hs->tls_active)
+    return; /* check_plain_refused() covers it */
+  CHECK(len >= 4 && get_be32(data) <= len - 4);
+  int idx = resolve(data + 4, get_be32(data));
+  if (last == NBD_REP_ACK)
+    CHECK(usable(hs, idx));
+  else if (first == NBD_REP_ERR_UNKNOWN)
+    CHECK(idx < 0);
+  else if (first == NBD_REP_ERR_POLICY)
+    CHECK(idx >= 0 && (size_t)idx == refused);
+  else
+    CHECK(idx >= 0 && (size_t)idx != refused && exports[idx].tls_required &&
+          !hs->tls_active);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   struct hs_state hs = {.tls = (enum hs_tls)(size % 3)};
+  refused = size / 3 % NEXPORTS;
+  catalog.no_default = size / (3 * NEXPORTS) % 2;
   struct hs_out out = {0};
   hs_greeting(&out);
   CHECK(out.len == 18);
@@ -141,6 +229,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pos += 16;
     out.len = 0;
     enum hs_result res;
+    uint8_t *opt_data = NULL;
     if (len > HS_MAX_OPTION_DATA) {
       if (opt == NBD_OPT_EXPORT_NAME || len > size - pos)
         break;
@@ -151,12 +240,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (len > size - pos)
         break; /* the client hung up mid-option */
       /* An exact-size copy, so reading past the option is caught. */
-      uint8_t *opt_data = malloc(len ? len : 1);
+      opt_data = malloc(len ? len : 1);
       CHECK(opt_data);
       memcpy(opt_data, data + pos, len);
       pos += len;
       res = hs_option(&hs, &catalog, opt, opt_data, len, &out);
-      free(opt_data);
     }
     CHECK(!out.oom);
     CHECK(res == HS_CONTINUE || res == HS_GO || res == HS_CLOSE ||
@@ -175,9 +263,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
       /* Every option of a fixed-newstyle client gets a reply. */
       CHECK(check_replies(&out, opt, res) > 0);
+      if (opt_data)
+        check_named(&hs, opt, opt_data, len, &out);
     }
     if (res == HS_GO) {
       CHECK(hs.export_index >= 0 && (size_t)hs.export_index < catalog.n);
+      CHECK(usable(&hs, hs.export_index));
+      if (opt == NBD_OPT_EXPORT_NAME)
+        CHECK(resolve(opt_data, len) == hs.export_index);
+      else
+        CHECK(resolve(opt_data + 4, get_be32(opt_data)) == hs.export_index);
       const struct hs_export *e = &exports[hs.export_index];
       CHECK(hs.tflags == hs_tflags(&hs, e));
       CHECK((hs.tflags & e->tflags) == e->tflags);
@@ -191,6 +286,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(get_be64(out.buf) == e->size &&
               get_be16(out.buf + 8) == hs.tflags);
     }
+    if (opt == NBD_OPT_EXPORT_NAME && res == HS_CLOSE && !plain_only)
+      CHECK(!usable(&hs, resolve(opt_data, len)));
+    free(opt_data);
     if (res == HS_STARTTLS) {
       CHECK(opt == NBD_OPT_STARTTLS && hs.tls != HS_TLS_OFF && !hs.tls_active);
       hs_tls_started(&hs); /* as if the TLS handshake succeeded */
