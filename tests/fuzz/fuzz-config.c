@@ -1,0 +1,78 @@
+/* libFuzzer target: the --config file parser (server/config.c).
+ *
+ * The input is a config file.  Whatever it is, the parser must not crash or
+ * leak, and must terminate its message; what it accepts must be a usable
+ * configuration: at least one export, names unique, valid and in bounds, at
+ * most one default, every path non-empty, allow rules well formed.  The
+ * file is named with a directory so relative paths get resolved. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "server/config.h"
+
+#define CHECK(c)                                                               \
+  do {                                                                         \
+    if (!(c)) {                                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
+      abort();                                                                 \
+    }                                                                          \
+  } while (0)
+
+static void check_name(const char *name) {
+  size_t n = strlen(name);
+  CHECK(n >= 1 && n <= CONFIG_MAX_NAME);
+  for (size_t i = 0; i < n; i++)
+    CHECK((unsigned char)name[i] >= 0x20 && name[i] != 0x7f);
+}
+
+static void check_export(const struct export_conf *e, size_t len) {
+  check_name(e->name);
+  CHECK(e->path && e->path[0]);
+  CHECK(!e->format || !strcmp(e->format, "raw") || !strcmp(e->format, "qcow2"));
+  CHECK(!e->description ||
+        (e->description[0] && strlen(e->description) <= CONFIG_MAX_NAME));
+  CHECK(e->line >= 1 && e->line <= len);
+  CHECK((e->nallow == 0) == (e->allow == NULL));
+  for (size_t i = 0; i < e->nallow; i++) {
+    const struct acl_rule *r = &e->allow[i];
+    CHECK((r->family == AF_INET && r->prefix <= 32) ||
+          (r->family == AF_INET6 && r->prefix <= 128));
+  }
+}
+
+static void check_config(const struct config *c, size_t len) {
+  CHECK(c->n > 0 && c->v);
+  size_t defaults = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    check_export(&c->v[i], len);
+    defaults += c->v[i].is_default;
+    if (i > 0)
+      CHECK(c->v[i].line > c->v[i - 1].line);
+    /* Inputs are small: a quadratic check is fine. */
+    for (size_t j = 0; j < i; j++)
+      CHECK(strcmp(c->v[i].name, c->v[j].name) != 0);
+  }
+  CHECK(defaults <= 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  struct config c;
+  char err[256];
+  memset(err, 'z', sizeof err);
+  if (config_parse((const char *)data, size, "etc/exports.conf", &c, err,
+                   sizeof err) == 0) {
+    check_config(&c, size);
+    struct export_conf copy;
+    if (export_conf_copy(&copy, &c.v[0]) == 0)
+      export_conf_free(&copy);
+  } else {
+    CHECK(c.n == 0 && c.v == NULL);
+    CHECK(memchr(err, 0, sizeof err) != NULL);
+    CHECK(strncmp(err, "etc/exports.conf:", 17) == 0);
+  }
+  config_free(&c);
+  config_free(&c);
+  return 0;
+}
