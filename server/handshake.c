@@ -179,16 +179,18 @@ static void reply_server(struct hs_out *out, const struct hs_export *e) {
   memcpy(p + 24 + nlen, e->description, dlen);
 }
 
-static void do_list(const struct hs_catalog *cat, uint32_t len,
-                    struct hs_out *out) {
+static void do_list(const struct hs_state *hs, const struct hs_catalog *cat,
+                    uint32_t len, struct hs_out *out) {
   if (len != 0) {
     reply_err(out, NBD_OPT_LIST, NBD_REP_ERR_INVALID, "LIST takes no data");
     return;
   }
-  /* TLS-required exports are listed in the clear too: INFO and GO then
-   * tell the client to use TLS for them. */
+  /* Only what the client may use now: a TLS-only export's name is not
+   * sent in the clear, and clients that GO to every listed export
+   * (nbdinfo --list) work without TLS.  Named directly, it answers
+   * TLS_REQD, so the client learns to come back with TLS. */
   for (size_t i = 0; i < cat->n; i++)
-    if (!cat->v[i].unlisted && admitted(cat, i))
+    if (!cat->v[i].unlisted && access_error(hs, cat, (int)i) == 0)
       reply_server(out, &cat->v[i]);
   reply_ack(out, NBD_OPT_LIST);
 }
@@ -433,7 +435,7 @@ enum hs_result hs_option(struct hs_state *hs, const struct hs_catalog *cat,
   }
   switch (opt) {
   case NBD_OPT_ABORT: reply_ack(out, opt); return HS_CLOSE;
-  case NBD_OPT_LIST: do_list(cat, len, out); break;
+  case NBD_OPT_LIST: do_list(hs, cat, len, out); break;
   case NBD_OPT_STARTTLS: return do_starttls(hs, len, out);
   case NBD_OPT_INFO:
   case NBD_OPT_GO: return do_info_go(hs, cat, opt, data, len, out);

@@ -12,8 +12,8 @@
  *
  * The per-export policy comes from the length too: which export the
  * client is not admitted to, and whether "" is the default export.  The
- * checks: LIST shows only exports the client may use or learn to use with
- * TLS, every refusal names the right reason, and no option ever reaches
+ * checks: LIST shows only exports the client may use now, every
+ * refusal names the right reason, and no option ever reaches
  * an export the client may not use (now). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,8 +107,8 @@ static void check_state(const struct hs_state *hs) {
 }
 
 /* Check the replies to option OPT in OUT; returns the number of replies. */
-static size_t check_replies(const struct hs_out *out, uint32_t opt,
-                            enum hs_result res) {
+static size_t check_replies(const struct hs_state *hs, const struct hs_out *out,
+                            uint32_t opt, enum hs_result res) {
   size_t off = 0, n = 0;
   uint32_t last_type = 0;
   while (off < out->len) {
@@ -124,9 +124,10 @@ static size_t check_replies(const struct hs_out *out, uint32_t opt,
     case NBD_REP_SERVER: {
       CHECK(opt == NBD_OPT_LIST);
       CHECK(len >= 4 && get_be32(d) <= len - 4);
-      /* Listed: admitted, not unlisted; TLS-only ones too before TLS. */
+      /* Listed: usable now (admitted; TLS-only ones after TLS), and not
+       * unlisted. */
       int idx = named(d + 4, get_be32(d));
-      CHECK(idx >= 0 && (size_t)idx != refused && !exports[idx].unlisted);
+      CHECK(usable(hs, idx) && !exports[idx].unlisted);
       break;
     }
     case NBD_REP_INFO:
@@ -262,7 +263,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       CHECK(res == HS_CLOSE && out.len == 0);
     } else {
       /* Every option of a fixed-newstyle client gets a reply. */
-      CHECK(check_replies(&out, opt, res) > 0);
+      CHECK(check_replies(&hs, &out, opt, res) > 0);
       if (opt_data)
         check_named(&hs, opt, opt_data, len, &out);
     }
