@@ -121,12 +121,47 @@ static bool flush_out(struct conn *c, struct hs_out *out) {
 /* The device's state for this connection, opened once the client has
  * chosen its export (an nbdkit plugin opens its handle here). */
 static bool open_device_conn(struct conn *c, int idx) {
-  struct export *e = &c->srv->exports[idx];
-  c->bconn = bd_conn_open_peer(e->bd, e->name, false, c->fd);
+  struct export *e = &c->set->v[idx];
+  c->bconn = bd_conn_open_peer(e->dev->bd, e->name, e->readonly, c->fd);
   if (!c->bconn)
     log_info("connection %u (%s): export '%s' refused: %s", c->id, c->peer,
              e->name, bd_errmsg());
+  else {
+    c->exp = e; /* bd_conn_close() needs it, whatever happens next */
+    exports_conn_begin(c->srv, e);
+  }
   return c->bconn != NULL;
+}
+
+/* Per-export allow lists apply to TCP clients; a Unix socket's permissions
+ * decide who uses it. */
+static bool conn_admits(const void *ctx, size_t idx) {
+  const struct conn *c = ctx;
+  const struct export *e = &c->set->v[idx];
+  return c->addr.ss_family == AF_UNIX ||
+         acl_allows(e->allow, e->nallow, (const struct sockaddr *)&c->addr);
+}
+
+/* A reload while the client negotiates: later options see the new
+ * exports; meta contexts chosen for an export follow it by name. */
+static void refresh_exports(struct conn *c, struct hs_state *hs) {
+  struct export_set *old = exports_refresh(c->srv, &c->set);
+  if (!old)
+    return;
+  if (hs->ctx_export >= 0) {
+    hs->ctx_export = exports_find(c->set, old->v[hs->ctx_export].name);
+    if (hs->ctx_export < 0)
+      hs->ctx_base = hs->ctx_depth = false;
+  }
+  exports_put(c->srv, old);
+}
+
+/* The shared catalog, seen by this client. */
+static struct hs_catalog conn_catalog(const struct conn *c) {
+  struct hs_catalog cat = c->set->catalog;
+  cat.admits = conn_admits;
+  cat.admits_ctx = c;
+  return cat;
 }
 
 /* After the ACK to STARTTLS: the TLS handshake on the same socket. */
@@ -180,7 +215,9 @@ static bool handshake(struct conn *c) {
       CLEANUP_FREE uint8_t *data = malloc(len ? len : 1);
       if (!data || !read_full(c, data, len))
         goto done;
-      res = hs_option(&hs, &c->srv->catalog, opt, data, len, &out);
+      refresh_exports(c, &hs);
+      struct hs_catalog cat = conn_catalog(c);
+      res = hs_option(&hs, &cat, opt, data, len, &out);
     }
     if (res == HS_GO && !open_device_conn(c, hs.export_index)) {
       if (opt != NBD_OPT_GO)
@@ -197,8 +234,7 @@ static bool handshake(struct conn *c) {
     if (res == HS_GO)
       break;
   }
-  c->exp = &c->srv->exports[hs.export_index];
-  const struct hs_export *he = &c->srv->hs_exports[hs.export_index];
+  const struct hs_export *he = &c->set->hs[hs.export_index];
   c->tx = (struct nbd_tx){.size = he->size,
                           .tflags = hs.tflags,
                           .structured = hs.structured,
@@ -258,22 +294,17 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
 
 /* ---- metrics, counted only with --metrics ---- */
 
-static size_t exp_index(const struct conn *c) {
-  return (size_t)(c->exp - c->srv->exports);
-}
-
 static void count_start(struct conn *c, struct nreq *n) {
-  struct metrics *m = c->srv->metrics;
-  if (m)
-    n->t0 = metrics_req_start(m, exp_index(c));
+  if (c->exp->mx)
+    n->t0 = metrics_req_start(c->exp->mx);
 }
 
 /* Before the reply is queued: after that N may be reused. */
 static void count_done(struct nreq *n, bool err) {
-  struct metrics *m = n->c->srv->metrics;
-  if (m)
-    metrics_req_done(m, exp_index(n->c), metrics_cmd_of_nbd(n->r.type), n->t0,
-                     n->r.length, err);
+  struct metrics_export *mx = n->c->exp->mx;
+  if (mx)
+    metrics_req_done(mx, metrics_cmd_of_nbd(n->r.type), n->t0, n->r.length,
+                     err);
 }
 
 static void req_done(struct bd_req *bdr, int err) {
@@ -332,7 +363,7 @@ static void submit_block_status(struct conn *c, struct nreq *n) {
   n->bdr.flags = (n->r.flags & NBD_CMD_FLAG_REQ_ONE) ? BD_F_REQ_ONE : 0;
   n->bdr.extents = &n->ext;
   n->bdr.conn = c->bconn;
-  bd_submit(c->exp->bd, &n->bdr);
+  bd_submit(c->exp->dev->bd, &n->bdr);
 }
 
 static void submit(struct conn *c, struct nreq *n) {
@@ -361,7 +392,7 @@ static void submit(struct conn *c, struct nreq *n) {
     break;
   case NBD_CMD_BLOCK_STATUS: submit_block_status(c, n); return;
   }
-  bd_submit(c->exp->bd, &n->bdr);
+  bd_submit(c->exp->dev->bd, &n->bdr);
 }
 
 static bool closing(struct conn *c) {
@@ -721,15 +752,19 @@ static void *conn_main(void *arg) {
   if (m)
     metrics_conn_accepted(m);
   log_debug("connection %u from %s", c->id, c->peer);
+  c->set = exports_get(c->srv);
   if (handshake(c)) {
-    if (m)
-      metrics_export_opened(m, exp_index(c));
+    if (c->exp->mx)
+      metrics_export_opened(c->exp->mx);
     transmission(c);
-    if (m)
-      metrics_export_closed(m, exp_index(c));
+    if (c->exp->mx)
+      metrics_export_closed(c->exp->mx);
   }
-  if (c->bconn)
-    bd_conn_close(c->exp->bd, c->bconn);
+  if (c->bconn) {
+    bd_conn_close(c->exp->dev->bd, c->bconn);
+    exports_conn_end(c->srv, c->exp);
+  }
+  exports_put(c->srv, c->set); /* may close images a reload removed */
   log_debug("connection %u (%s) closed", c->id, c->peer);
   if (m)
     metrics_conn_closed(m);
@@ -739,7 +774,8 @@ static void *conn_main(void *arg) {
   return NULL;
 }
 
-bool conn_start(struct server *srv, int fd, const char *peer) {
+bool conn_start(struct server *srv, int fd, const char *peer,
+                const struct sockaddr_storage *addr) {
   struct conn *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
@@ -747,6 +783,7 @@ bool conn_start(struct server *srv, int fd, const char *peer) {
   }
   c->fd = fd;
   c->srv = srv;
+  c->addr = *addr;
   c->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   c->rbuf = malloc(RBUF_SIZE);
   c->rcap = RBUF_SIZE;

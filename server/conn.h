@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include "../core/blockdev.h"
+#include "exports.h"
 #include "server.h"
 #include "wire.h"
 
@@ -49,8 +50,10 @@ struct conn {
   unsigned id;
   char peer[80];
   struct server *srv;
-  struct export *exp;
-  struct bd_conn *bconn; /* the device's per-connection state */
+  struct sockaddr_storage addr; /* the client's, for per-export allow lists */
+  struct export_set *set;       /* the exports it negotiated with */
+  struct export *exp;           /* its choice, in set */
+  struct bd_conn *bconn;        /* the device's per-connection state */
   struct nbd_tx tx;
   bool ctx_base, ctx_depth;
   struct conn *next; /* in srv->conns */

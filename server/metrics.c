@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "nbd-protocol.h"
@@ -29,24 +30,77 @@ struct metrics *metrics_create(size_t nexports, const char *const *names,
   struct metrics *m = calloc(1, sizeof *m);
   if (!m)
     return NULL;
-  m->exports = aligned_alloc(_Alignof(struct metrics_export),
-                             (nexports ? nexports : 1) * sizeof *m->exports);
-  if (!m->exports) {
-    free(m);
-    return NULL;
-  }
-  m->nexports = nexports;
+  pthread_mutex_init(&m->lock, NULL);
   for (size_t i = 0; i < nexports; i++) {
-    struct metrics_export *e = &m->exports[i];
-    *e = (struct metrics_export){.name = names[i], .size = sizes[i]};
+    if (!metrics_export_get(m, names[i], sizes[i])) {
+      metrics_free(m);
+      return NULL;
+    }
   }
   return m;
 }
 
 void metrics_free(struct metrics *m) {
-  if (m)
-    free(m->exports);
+  if (!m)
+    return;
+  for (size_t i = 0; i < m->nexports; i++) {
+    free(m->exports[i]->name);
+    free(m->exports[i]);
+  }
+  free(m->exports);
+  pthread_mutex_destroy(&m->lock);
   free(m);
+}
+
+static struct metrics_export *find_export(struct metrics *m, const char *name) {
+  for (size_t i = 0; i < m->nexports; i++)
+    if (!strcmp(m->exports[i]->name, name))
+      return m->exports[i];
+  return NULL;
+}
+
+static struct metrics_export *new_export(struct metrics *m, const char *name) {
+  if (m->nexports == m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 8;
+    struct metrics_export **v = realloc(m->exports, cap * sizeof *v);
+    if (!v)
+      return NULL;
+    m->exports = v;
+    m->cap = cap;
+  }
+  struct metrics_export *e = aligned_alloc(_Alignof(struct metrics_export),
+                                           sizeof(struct metrics_export));
+  char *copy = strdup(name);
+  if (!e || !copy) {
+    free(e);
+    free(copy);
+    return NULL;
+  }
+  memset(e, 0, sizeof *e);
+  e->name = copy;
+  m->exports[m->nexports++] = e;
+  return e;
+}
+
+struct metrics_export *metrics_export_get(struct metrics *m, const char *name,
+                                          uint64_t size) {
+  pthread_mutex_lock(&m->lock);
+  struct metrics_export *e = find_export(m, name);
+  if (!e)
+    e = new_export(m, name);
+  if (e) {
+    atomic_store(&e->size, size);
+    atomic_store(&e->active, true);
+  }
+  pthread_mutex_unlock(&m->lock);
+  return e;
+}
+
+void metrics_exports_retire(struct metrics *m) {
+  pthread_mutex_lock(&m->lock);
+  for (size_t i = 0; i < m->nexports; i++)
+    atomic_store(&m->exports[i]->active, false);
+  pthread_mutex_unlock(&m->lock);
 }
 
 uint64_t metrics_now_ns(void) {
@@ -91,17 +145,17 @@ void metrics_conn_closed(struct metrics *m) {
   sub(&m->conns_open, 1);
 }
 
-void metrics_export_opened(struct metrics *m, size_t exp) {
-  add(&m->exports[exp].conns_open, 1);
-  add(&m->exports[exp].conns_total, 1);
+void metrics_export_opened(struct metrics_export *e) {
+  add(&e->conns_open, 1);
+  add(&e->conns_total, 1);
 }
 
-void metrics_export_closed(struct metrics *m, size_t exp) {
-  sub(&m->exports[exp].conns_open, 1);
+void metrics_export_closed(struct metrics_export *e) {
+  sub(&e->conns_open, 1);
 }
 
-uint64_t metrics_req_start(struct metrics *m, size_t exp) {
-  add(&m->exports[exp].inflight, 1);
+uint64_t metrics_req_start(struct metrics_export *e) {
+  add(&e->inflight, 1);
   return metrics_now_ns();
 }
 
@@ -112,9 +166,8 @@ static size_t bucket_of(uint64_t ns) {
   return i;
 }
 
-void metrics_observe(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
                      uint64_t ns, uint64_t bytes, bool err) {
-  struct metrics_export *e = &m->exports[exp];
   struct metrics_cmd_stats *s = &e->cmd[cmd];
   add(&s->bucket[bucket_of(ns)], 1);
   add(&s->sum_ns, ns);
@@ -126,11 +179,11 @@ void metrics_observe(struct metrics *m, size_t exp, enum metrics_cmd cmd,
     add(&e->bytes_written, bytes);
 }
 
-void metrics_req_done(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
                       uint64_t start, uint64_t bytes, bool err) {
   uint64_t now = metrics_now_ns();
-  metrics_observe(m, exp, cmd, now > start ? now - start : 0, bytes, err);
-  sub(&m->exports[exp].inflight, 1);
+  metrics_observe(e, cmd, now > start ? now - start : 0, bytes, err);
+  sub(&e->inflight, 1);
 }
 
 /* ---- rendering ---- */
@@ -200,14 +253,17 @@ static void render_server(const struct metrics *m, struct out *o) {
              "Client connections accepted.");
   put(o, "blockport_connections_accepted_total %llu\n",
       (unsigned long long)get(&m->conns_accepted));
+  size_t active = 0;
+  for (size_t i = 0; i < m->nexports; i++)
+    active += atomic_load(&m->exports[i]->active);
   put_header(o, "exports", "gauge", "Exports served.");
-  put(o, "blockport_exports %zu\n", m->nexports);
+  put(o, "blockport_exports %zu\n", active);
 }
 
 typedef uint64_t (*export_value_fn)(const struct metrics_export *e);
 
 static uint64_t v_size(const struct metrics_export *e) {
-  return e->size;
+  return get(&e->size);
 }
 static uint64_t v_conns(const struct metrics_export *e) {
   return get(&e->conns_open);
@@ -224,9 +280,9 @@ static uint64_t v_read(const struct metrics_export *e) {
 static uint64_t v_written(const struct metrics_export *e) {
   return get(&e->bytes_written);
 }
-static uint64_t v_one(const struct metrics_export *e) {
-  (void)e;
-  return 1;
+/* 1 for the exports of the current configuration, 0 for removed ones. */
+static uint64_t v_active(const struct metrics_export *e) {
+  return atomic_load((atomic_bool *)&e->active);
 }
 
 /* One metric with a sample per export. */
@@ -235,7 +291,7 @@ static void render_per_export(const struct metrics *m, struct out *o,
                               const char *help, export_value_fn value) {
   put_header(o, name, type, help);
   for (size_t i = 0; i < m->nexports; i++)
-    put_export_sample(o, name, &m->exports[i], NULL, value(&m->exports[i]));
+    put_export_sample(o, name, m->exports[i], NULL, value(m->exports[i]));
 }
 
 static uint64_t cmd_count(const struct metrics_cmd_stats *s) {
@@ -253,7 +309,7 @@ static void render_cmd_counter(const struct metrics *m, struct out *o,
   put_header(o, name, "counter", help);
   char extra[40];
   for (size_t i = 0; i < m->nexports; i++) {
-    const struct metrics_export *e = &m->exports[i];
+    const struct metrics_export *e = m->exports[i];
     for (size_t c = 0; c < METRICS_NCMDS; c++) {
       snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
       uint64_t v = errors ? get(&e->cmd[c].errors) : cmd_count(&e->cmd[c]);
@@ -298,16 +354,18 @@ static void render_requests(const struct metrics *m, struct out *o) {
              "Time from a request's arrival to its completion.");
   for (size_t i = 0; i < m->nexports; i++)
     for (size_t c = 0; c < METRICS_NCMDS; c++)
-      render_histogram(&m->exports[i], c, o);
+      render_histogram(m->exports[i], c, o);
 }
 
-size_t metrics_render(const struct metrics *m, char *buf, size_t cap) {
+size_t metrics_render(struct metrics *m, char *buf, size_t cap) {
   struct out o = {buf, cap, 0};
   if (cap)
     buf[0] = '\0';
+  pthread_mutex_lock(&m->lock); /* a reload may add exports meanwhile */
   render_server(m, &o);
   render_per_export(m, &o, "export_info", "gauge",
-                    "Exports by name (always 1).", v_one);
+                    "Exports by name: 1 served, 0 removed by a reload.",
+                    v_active);
   render_per_export(m, &o, "export_size_bytes", "gauge", "Size of each export.",
                     v_size);
   render_per_export(m, &o, "export_connections", "gauge",
@@ -315,5 +373,6 @@ size_t metrics_render(const struct metrics *m, char *buf, size_t cap) {
   render_per_export(m, &o, "export_connections_total", "counter",
                     "Connections that chose each export.", v_conns_total);
   render_requests(m, &o);
+  pthread_mutex_unlock(&m->lock);
   return o.len;
 }

@@ -7,6 +7,7 @@
 #ifndef BLOCKPORT_METRICS_H
 #define BLOCKPORT_METRICS_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -42,21 +43,35 @@ struct metrics_export {
   atomic_uint_least64_t inflight;
   atomic_uint_least64_t bytes_read, bytes_written;
   struct metrics_cmd_stats cmd[METRICS_NCMDS];
-  const char *name; /* borrowed */
-  uint64_t size;
+  atomic_uint_least64_t size;
+  atomic_bool active; /* in the current configuration */
+  char *name;
 };
 
+/* Exports come and go with config reloads: each name keeps its counters
+ * (a removed export's series stay, so rates over a reload stay right);
+ * entries are never freed before the whole struct, so connections may
+ * keep pointers to them. */
 struct metrics {
   atomic_uint_least64_t conns_open; /* including those in the handshake */
   atomic_uint_least64_t conns_accepted;
-  size_t nexports;
-  struct metrics_export *exports;
+  pthread_mutex_t lock; /* guards the array below, not the counters */
+  struct metrics_export **exports;
+  size_t nexports, cap;
 };
 
-/* NAMES and SIZES of NEXPORTS exports (the names are borrowed). */
+/* NAMES and SIZES of NEXPORTS exports to start with (the names are
+ * copied). */
 struct metrics *metrics_create(size_t nexports, const char *const *names,
                                const uint64_t *sizes);
 void metrics_free(struct metrics *m);
+/* The counters of export NAME, created on first use; marked active, with
+ * SIZE as its size.  NULL when out of memory. */
+struct metrics_export *metrics_export_get(struct metrics *m, const char *name,
+                                          uint64_t size);
+/* Mark every export inactive: a new configuration is about to get() its
+ * exports again. */
+void metrics_exports_retire(struct metrics *m);
 
 /* Monotonic nanoseconds. */
 uint64_t metrics_now_ns(void);
@@ -64,22 +79,22 @@ enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type);
 
 void metrics_conn_accepted(struct metrics *m);
 void metrics_conn_closed(struct metrics *m);
-void metrics_export_opened(struct metrics *m, size_t exp);
-void metrics_export_closed(struct metrics *m, size_t exp);
+void metrics_export_opened(struct metrics_export *e);
+void metrics_export_closed(struct metrics_export *e);
 /* A request begins: counted in flight.  Returns its start time. */
-uint64_t metrics_req_start(struct metrics *m, size_t exp);
+uint64_t metrics_req_start(struct metrics_export *e);
 /* A request ends after START (from metrics_req_start): BYTES of data
  * moved by a read or write, ERR when it failed. */
-void metrics_req_done(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
                       uint64_t start, uint64_t bytes, bool err);
 /* Count a finished request that took NS nanoseconds (for tests). */
-void metrics_observe(struct metrics *m, size_t exp, enum metrics_cmd cmd,
+void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
                      uint64_t ns, uint64_t bytes, bool err);
 
 /* Render M in the Prometheus text format into BUF (CAP bytes, always
  * NUL-terminated when CAP > 0).  Returns the length the whole text needs,
  * excluding the NUL, as snprintf does. */
-size_t metrics_render(const struct metrics *m, char *buf, size_t cap);
+size_t metrics_render(struct metrics *m, char *buf, size_t cap);
 
 /* metrics-http.c: the listener for GET /metrics. */
 struct metrics_http;

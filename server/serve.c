@@ -25,6 +25,8 @@
 #include "access.h"
 #include "cli.h"
 #include "commands.h"
+#include "config.h"
+#include "exports.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
 #include "sd-daemon.h"
@@ -52,6 +54,7 @@ struct serve_opts {
   bool tls_verify_peer;
   int unix_mode;       /* --unix-mode, -1: as the umask makes it */
   const char *metrics; /* --metrics ADDR:PORT */
+  const char *config;  /* --config FILE */
 };
 
 /* Long options without a short form. */
@@ -65,12 +68,14 @@ enum {
   OPT_HANDSHAKE_TIMEOUT,
   OPT_IDLE_TIMEOUT,
   OPT_RO_EXPORT,
-  OPT_METRICS
+  OPT_METRICS,
+  OPT_CONFIG
 };
 
 static const char serve_usage[] =
     "Usage: blockport serve [OPTIONS] IMAGE...\n"
     "       blockport serve [OPTIONS] --plugin PLUGIN [KEY=VALUE...]\n"
+    "       blockport serve [OPTIONS] --config FILE\n"
     "Serve disk images over NBD (fixed newstyle).\n"
     "\n"
     "IMAGE is PATH or NAME=PATH; the first image is also the default export "
@@ -111,6 +116,10 @@ static const char serve_usage[] =
     "fail\n"
     "                            with EIO (default 30; 0: forever)\n"
     "      --plugin PLUGIN       serve an nbdkit plugin (see above)\n"
+    "      --config FILE         serve the exports FILE declares, with their\n"
+    "                            own read-only, TLS and allow settings; "
+    "SIGHUP\n"
+    "                            reads it again (format: docs/CONFIG.md)\n"
     "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
     "and\n"
     "                            TLS clients) or require (no option but "
@@ -147,77 +156,6 @@ static const char serve_usage[] =
 
 /* ---- exports ---- */
 
-/* What the handshake tells clients about export E: what its device can
- * do (an nbdkit plugin may lack flush, FUA or trim). */
-static struct hs_export hs_export_of(const struct export *e) {
-  const struct bd_caps *cp = &e->bd->caps;
-  uint16_t f = cp->can_flush ? NBD_FLAG_SEND_FLUSH : 0;
-  if (cp->readonly)
-    f |= NBD_FLAG_READ_ONLY;
-  else
-    f |= (cp->can_fua ? NBD_FLAG_SEND_FUA : 0) |
-         (cp->can_trim ? NBD_FLAG_SEND_TRIM : 0) | NBD_FLAG_SEND_WRITE_ZEROES |
-         (cp->can_fast_zero ? NBD_FLAG_SEND_FAST_ZERO : 0);
-  if (cp->multi_conn)
-    f |= NBD_FLAG_CAN_MULTI_CONN;
-  if (cp->can_cache)
-    f |= NBD_FLAG_SEND_CACHE;
-  return (struct hs_export){
-      .name = e->name,
-      .description = e->bd->description,
-      .size = e->bd->size,
-      .tflags = f,
-      .min_block = cp->min_block,
-      .pref_block = cp->pref_block,
-      .max_block = cp->max_block,
-  };
-}
-
-/* An nbdkit plugin's other exports (list_exports): more names on the one
- * device, each connection opening the plugin with its name.  The default
- * export "" stays reachable, but is listed only if the plugin lists it. */
-static int add_listed_exports(struct server *srv, bool readonly) {
-  struct export *first = &srv->exports[0];
-  struct bd_export_list l;
-  int r = bd_list_exports(first->bd, readonly, &l);
-  if (r == -ENOTSUP)
-    return 0;
-  if (r < 0) {
-    log_error("%s", bd_errmsg());
-    return -1;
-  }
-  size_t n = srv->nexports + l.n;
-  struct export *ev = realloc(srv->exports, n * sizeof *ev);
-  if (ev)
-    srv->exports = ev;
-  struct hs_export *hv = ev ? realloc(srv->hs_exports, n * sizeof *hv) : NULL;
-  if (hv)
-    srv->hs_exports = hv;
-  bool listed_default = false;
-  for (size_t i = 0; hv && i < l.n; i++) {
-    if (!*l.v[i].name) {
-      listed_default = true;
-      continue;
-    }
-    struct export *e = &srv->exports[srv->nexports];
-    *e = (struct export){.name = strdup(l.v[i].name),
-                         .spec = strdup(srv->exports[0].spec),
-                         .bd = srv->exports[0].bd,
-                         .shared = true};
-    srv->nexports++;
-    if (!e->name || !e->spec)
-      break;
-    srv->hs_exports[srv->nexports - 1] = hs_export_of(e);
-    if (l.v[i].description)
-      srv->hs_exports[srv->nexports - 1].description = l.v[i].description;
-  }
-  srv->listed = l; /* descriptions live as long as the catalog */
-  if (!hv || srv->nexports < n - listed_default)
-    return -1;
-  srv->hs_exports[0].unlisted = !listed_default;
-  return 0;
-}
-
 /* Whether the export NAME must refuse writes. */
 static bool export_readonly(const struct serve_opts *o, const char *name) {
   for (size_t i = 0; i < o->n_ro_exports; i++)
@@ -226,66 +164,126 @@ static bool export_readonly(const struct serve_opts *o, const char *name) {
   return o->readonly;
 }
 
-static int open_exports(struct server *srv, char **images, int n,
-                        const struct serve_opts *o) {
-  srv->exports = calloc((size_t)n, sizeof *srv->exports);
-  srv->hs_exports = calloc((size_t)n, sizeof *srv->hs_exports);
-  if (!srv->exports || !srv->hs_exports)
+/* The command line's IMAGE... as a configuration: NAME=PATH or PATH, the
+ * first also the default export. */
+static int config_from_args(char **images, int n, const struct serve_opts *o,
+                            struct config *cf) {
+  cf->v = calloc((size_t)n, sizeof *cf->v);
+  if (!cf->v)
     return -1;
   for (int i = 0; i < n; i++) {
     const char *img = images[i], *eq = strchr(img, '=');
     /* NAME=PATH, unless the '=' is part of a path (after a '/'). */
     const char *slash = strchr(img, '/');
     bool named = !o->plugin && eq && (!slash || eq < slash);
-    struct export *e = &srv->exports[i];
-    srv->nexports = (size_t)i + 1; /* so close_exports() frees it on error */
-    e->name = named ? strndup(img, (size_t)(eq - img)) : strdup("");
-    e->spec = strdup(named ? eq + 1 : img);
-    if (!named && i > 0) {
-      /* Unnamed images after the first are named after their path. */
-      free(e->name);
-      e->name = strdup(img);
-    }
-    if (!e->name || !e->spec)
+    struct export_conf *e = &cf->v[i];
+    cf->n = (size_t)i + 1; /* so config_free() frees it on error */
+    /* Unnamed images after the first are named after their path. */
+    e->name =
+        named ? strndup(img, (size_t)(eq - img)) : strdup(i > 0 ? img : "");
+    e->path = strdup(named ? eq + 1 : img);
+    e->is_default = i == 0;
+    if (!e->name || !e->path)
       return -1;
+    e->readonly = export_readonly(o, e->name);
     for (int j = 0; j < i; j++) {
-      if (strcmp(srv->exports[j].name, e->name) == 0) {
+      if (strcmp(cf->v[j].name, e->name) == 0) {
         log_error("export name '%s' is used twice", e->name);
         return -1;
       }
     }
-    e->bd = bd_open(e->spec, o->format, export_readonly(o, e->name));
-    if (!e->bd) {
-      log_error("%s", bd_errmsg());
-      return -1;
-    }
-    srv->hs_exports[i] = hs_export_of(e);
-    log_info("export '%s': %s %s, %llu bytes%s", e->name, e->bd->format,
-             o->plugin ? o->plugin : e->spec, (unsigned long long)e->bd->size,
-             e->bd->caps.readonly ? ", read-only" : "");
   }
-  if (o->plugin && add_listed_exports(srv, o->readonly) < 0)
-    return -1;
-  srv->catalog = (struct hs_catalog){srv->hs_exports, srv->nexports};
   return 0;
 }
 
-static int close_exports(struct server *srv) {
-  int ret = 0;
-  for (size_t i = 0; i < srv->nexports; i++) {
-    struct export *e = &srv->exports[i];
-    int r = e->shared ? 0 : bd_close(e->bd);
-    if (r < 0) {
-      log_error("export '%s': final flush failed: %s", e->name, strerror(-r));
-      ret = -1;
-    }
-    free(e->name);
-    free(e->spec);
+/* Read the config file.  Returns 0, or -1 with the reason logged. */
+static int config_read(const struct serve_opts *o, struct config *cf) {
+  char err[512];
+  if (config_load(o->config, cf, err, sizeof err) < 0) {
+    log_error("%s", err);
+    return -1;
   }
-  free(srv->exports);
-  free(srv->hs_exports);
-  bd_export_list_free(&srv->listed);
-  return ret;
+  for (size_t i = 0; i < cf->n; i++)
+    cf->v[i].readonly |= export_readonly(o, cf->v[i].name);
+  return 0;
+}
+
+/* Open what CF declares and make it current. */
+static int exports_open(struct server *srv, const struct config *cf,
+                        const struct serve_opts *o) {
+  struct exports_opts eo = {.format = o->format,
+                            .readonly = o->readonly,
+                            .plugin = o->plugin != NULL,
+                            .file = o->config};
+  char err[1024];
+  struct export_set *s = exports_build(srv, cf, &eo, err, sizeof err);
+  if (!s) {
+    log_error("%s", err);
+    return -1;
+  }
+  exports_install(srv, s);
+  return 0;
+}
+
+/* Exports with TLS required need TLS on: checked at every load. */
+static int check_config_tls(const struct server *srv, const struct config *cf,
+                            const char *file) {
+  for (size_t i = 0; srv->tls == HS_TLS_OFF && i < cf->n; i++) {
+    if (cf->v[i].tls_required) {
+      log_error("%s:%u: export '%s' requires TLS, but the server runs "
+                "without it (--tls on and credentials)",
+                file, cf->v[i].line, cf->v[i].name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Names in A that are not in B, for the reload's log line. */
+static void names_missing(const struct export_set *a,
+                          const struct export_set *b, char *out, size_t len) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < a->n && used + 1 < len; i++) {
+    if (exports_find(b, a->v[i].name) >= 0)
+      continue;
+    int w = snprintf(out + used, len - used, " '%.100s'", a->v[i].name);
+    if (w < 0)
+      break;
+    used += (size_t)w;
+  }
+}
+
+/* SIGHUP: read the file again; keep serving the old exports unless all of
+ * the new ones could be opened. */
+static void reload(struct server *srv, const struct serve_opts *o) {
+  if (!o->config) {
+    log_info("SIGHUP: nothing to reload (no --config)");
+    return;
+  }
+  sd_notify("RELOADING=1\nSTATUS=Reloading the configuration");
+  struct config cf = {0};
+  struct export_set *old = exports_get(srv);
+  if (config_read(o, &cf) < 0 || check_config_tls(srv, &cf, o->config) < 0 ||
+      exports_open(srv, &cf, o) < 0) {
+    log_error("reload of %s failed; keeping the current configuration",
+              o->config);
+  } else {
+    struct export_set *now = exports_get(srv);
+    char added[512], removed[512];
+    names_missing(now, old, added, sizeof added);
+    names_missing(old, now, removed, sizeof removed);
+    log_info("reloaded %s: %zu export%s; added:%s; removed:%s", o->config,
+             now->n, now->n == 1 ? "" : "s", *added ? added : " none",
+             *removed ? removed : " none");
+    exports_put(srv, now);
+  }
+  exports_put(srv, old);
+  config_free(&cf);
+  char msg[200];
+  snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s",
+           srv->current->n, srv->current->n == 1 ? "" : "s");
+  sd_notify(msg);
 }
 
 /* ---- listening ---- */
@@ -417,7 +415,7 @@ static void accept_one(struct server *srv, int lfd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
-  conn_start(srv, fd, peer);
+  conn_start(srv, fd, peer, &ss);
 }
 
 /* Take the sockets systemd passed, if any.  Returns their number, -1 on
@@ -461,28 +459,8 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
 static void notify_ready(const struct server *srv, const char *where) {
   char msg[1200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s on %s",
-           srv->nexports, srv->nexports == 1 ? "" : "s", where);
+           srv->current->n, srv->current->n == 1 ? "" : "s", where);
   sd_notify(msg);
-}
-
-/* --metrics: counters for every export, and the HTTP listener. */
-static struct metrics_http *start_metrics(struct server *srv,
-                                          const char *addr) {
-  const char **names = calloc(srv->nexports, sizeof *names);
-  uint64_t *sizes = calloc(srv->nexports, sizeof *sizes);
-  for (size_t i = 0; names && sizes && i < srv->nexports; i++) {
-    names[i] = srv->exports[i].name;
-    sizes[i] = srv->hs_exports[i].size;
-  }
-  if (names && sizes)
-    srv->metrics = metrics_create(srv->nexports, names, sizes);
-  free(names);
-  free(sizes);
-  if (!srv->metrics) {
-    log_error("--metrics: out of memory");
-    return NULL;
-  }
-  return metrics_http_start(addr, srv->metrics);
 }
 
 /* Wait until every connection has ended, or the deadline passes. */
@@ -499,7 +477,8 @@ static bool wait_conns(struct server *srv, int seconds) {
   return done;
 }
 
-static int run(struct server *srv, int *lfds, int nl, int sfd) {
+static int run(struct server *srv, const struct serve_opts *o, int *lfds,
+               int nl, int sfd) {
   struct pollfd p[MAX_LISTENERS + 1];
   for (int i = 0; i < nl; i++)
     p[i] = (struct pollfd){.fd = lfds[i], .events = POLLIN};
@@ -513,8 +492,13 @@ static int run(struct server *srv, int *lfds, int nl, int sfd) {
     }
     if (p[nl].revents & POLLIN) {
       struct signalfd_siginfo si;
-      if (read(sfd, &si, sizeof si) == sizeof si)
-        log_info("signal %u: shutting down", si.ssi_signo);
+      if (read(sfd, &si, sizeof si) != sizeof si)
+        continue;
+      if (si.ssi_signo == SIGHUP) {
+        reload(srv, o);
+        continue;
+      }
+      log_info("signal %u: shutting down", si.ssi_signo);
       return 0;
     }
     for (int i = 0; i < nl; i++)
@@ -594,6 +578,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
       {"metrics", required_argument, NULL, OPT_METRICS},
+      {"config", required_argument, NULL, OPT_CONFIG},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       LOG_LONGOPTS,
@@ -693,6 +678,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       o->metrics = optarg;
       break;
     }
+    case OPT_CONFIG: o->config = optarg; break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case LOG_OPT_LEVEL:
@@ -704,7 +690,12 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
     default: fputs(serve_usage, stderr); return -1;
     }
   }
-  if (optind >= argc && !o->plugin) {
+  if (o->config && (optind < argc || o->plugin)) {
+    fprintf(stderr, "blockport serve: --config replaces IMAGE arguments and "
+                    "--plugin\n");
+    return -1;
+  }
+  if (optind >= argc && !o->plugin && !o->config) {
     fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
     return -1;
   }
@@ -743,11 +734,13 @@ int serve_main(int argc, char **argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP); /* reload */
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
   int sfd = signalfd(-1, &set, SFD_CLOEXEC);
 
   bool bound_unix = false;
+  struct config cf = {0};
   struct metrics_http *mhttp = NULL;
   /* --plugin: one image, the plugin with the arguments as parameters. */
   char *plugin =
@@ -758,10 +751,21 @@ int serve_main(int argc, char **argv) {
       !(srv.tls_creds =
             tls_creds_load(o.tls_certs, o.tls_verify_peer, o.tls_psk)))
     goto out;
-  if (open_exports(&srv, o.plugin ? &plugin : argv + optind,
-                   o.plugin ? 1 : argc - optind, &o) < 0)
+  if (o.config ? config_read(&o, &cf) < 0 ||
+                     check_config_tls(&srv, &cf, o.config) < 0
+               : config_from_args(o.plugin ? &plugin : argv + optind,
+                                  o.plugin ? 1 : argc - optind, &o, &cf) < 0) {
+    ret = 2;
     goto out;
-  if (o.metrics && !(mhttp = start_metrics(&srv, o.metrics)))
+  }
+  if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
+    log_error("--metrics: out of memory");
+    goto out;
+  }
+  if (exports_open(&srv, &cf, &o) < 0)
+    goto out;
+  config_free(&cf);
+  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics)))
     goto out;
   if (bd_pool_start(o.workers) < 0) {
     log_error("cannot start the worker pool");
@@ -792,7 +796,7 @@ int serve_main(int argc, char **argv) {
   log_info("ready%s: %s", activated ? " (socket-activated)" : "", where);
   notify_ready(&srv, where);
 
-  ret = run(&srv, lfds, nl, sfd) < 0 ? 1 : 0;
+  ret = run(&srv, &o, lfds, nl, sfd) < 0 ? 1 : 0;
   sd_notify("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
 
   /* Stop accepting, let requests in flight finish (later ones get
@@ -812,10 +816,16 @@ out:
     close(lfds[i]);
   if (bound_unix)
     unlink(o.unix_path);
-  metrics_http_stop(mhttp); /* before the export names it shows go */
-  if (close_exports(&srv) < 0)
+  metrics_http_stop(mhttp);
+  /* The last reference, unless a connection is stuck: closing an image
+   * under it would be worse than not flushing it. */
+  if (exports_put(&srv, srv.current) < 0)
     ret = 1;
-  metrics_free(srv.metrics);
+  if (srv.devices)
+    log_warn("images still in use by stuck connections are left unflushed");
+  else
+    metrics_free(srv.metrics);
+  config_free(&cf);
   if (o.pid_file)
     unlink(o.pid_file);
   if (sfd >= 0)

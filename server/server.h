@@ -5,22 +5,16 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "../core/blockdev.h"
 #include "handshake.h"
 
 struct bd;
 struct conn;
+struct device;
+struct export_set;
 struct metrics;
-
-/* One export: a name and the single opened device all its connections
- * share (which is what makes multi-conn flushes correct). */
-struct export {
-  char *name;
-  char *spec;
-  struct bd *bd;
-  bool shared; /* another export's device (an nbdkit plugin's exports) */
-};
 
 struct server_limits {
   unsigned max_connections;
@@ -32,11 +26,6 @@ struct server_limits {
 };
 
 struct server {
-  struct export *exports;
-  size_t nexports;
-  struct hs_export *hs_exports;
-  struct hs_catalog catalog;
-  struct bd_export_list listed; /* an nbdkit plugin's list_exports */
   struct server_limits limits;
   struct acl_rule *allow; /* --allow: TCP clients admitted, none: all */
   size_t nallow;
@@ -45,17 +34,22 @@ struct server {
   struct metrics *metrics;     /* --metrics, NULL: not collected */
 
   pthread_mutex_t lock;
-  pthread_cond_t cond; /* signalled when a connection ends */
-  struct conn *conns;  /* live connections */
+  struct export_set *current; /* what new clients get (exports.h) */
+  unsigned generation;        /* of current: one more per reload */
+  struct device *devices;     /* images some set uses */
+  pthread_cond_t cond;        /* signalled when a connection ends */
+  struct conn *conns;         /* live connections */
   unsigned nconns;
   unsigned next_id;
   bool shutting_down;
   unsigned grace_ms; /* see conn_begin_shutdown() */
 };
 
-/* Take over FD (an accepted socket) and serve it on a new thread.  Returns
- * false (and closes FD) if the connection could not be started. */
-bool conn_start(struct server *srv, int fd, const char *peer);
+/* Take over FD (an accepted socket from ADDR) and serve it on a new
+ * thread.  Returns false (and closes FD) if the connection could not be
+ * started. */
+bool conn_start(struct server *srv, int fd, const char *peer,
+                const struct sockaddr_storage *addr);
 /* Stop reading from every connection (HOW as for shutdown(2)). */
 void conn_shutdown_all(struct server *srv, int how);
 /* Server shutdown as the NBD spec asks: connections still negotiating are

@@ -14,7 +14,7 @@ static struct metrics *make(size_t n, const char *const *names) {
   return m;
 }
 
-static char *render(const struct metrics *m) {
+static char *render(struct metrics *m) {
   size_t need = metrics_render(m, NULL, 0);
   char *buf = malloc(need + 1);
   cr_assert_eq(metrics_render(m, buf, need + 1), need);
@@ -58,12 +58,13 @@ Test(metrics, counters) {
   metrics_conn_accepted(m);
   metrics_conn_accepted(m);
   metrics_conn_closed(m);
-  metrics_export_opened(m, 1);
-  metrics_observe(m, 0, METRICS_READ, 1000, 4096, false);
-  metrics_observe(m, 0, METRICS_READ, 1000, 4096, false);
-  metrics_observe(m, 0, METRICS_READ, 1000, 4096, true);
-  metrics_observe(m, 1, METRICS_WRITE, 1000, 512, false);
-  uint64_t t0 = metrics_req_start(m, 1);
+  struct metrics_export *a = m->exports[0], *b = m->exports[1];
+  metrics_export_opened(b);
+  metrics_observe(a, METRICS_READ, 1000, 4096, false);
+  metrics_observe(a, METRICS_READ, 1000, 4096, false);
+  metrics_observe(a, METRICS_READ, 1000, 4096, true);
+  metrics_observe(b, METRICS_WRITE, 1000, 512, false);
+  uint64_t t0 = metrics_req_start(b);
   char *t = render(m);
   cr_assert_eq(sample(t, "blockport_connections"), 1);
   cr_assert_eq(sample(t, "blockport_connections_accepted_total"), 2);
@@ -79,7 +80,7 @@ Test(metrics, counters) {
   cr_assert_eq(sample(t, "blockport_written_bytes_total{export=\"b\"}"), 512);
   cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 1);
   free(t);
-  metrics_req_done(m, 1, METRICS_FLUSH, t0, 0, false);
+  metrics_req_done(b, METRICS_FLUSH, t0, 0, false);
   t = render(m);
   cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 0);
   cr_assert_eq(
@@ -94,7 +95,7 @@ Test(metrics, histogram_is_cumulative) {
   /* 10us, 50us (on the bound: le is inclusive), 300us, 2ms, 5s */
   uint64_t ns[] = {10000, 50000, 300000, 2000000, 5000000000ull};
   for (size_t i = 0; i < 5; i++)
-    metrics_observe(m, 0, METRICS_WRITE, ns[i], 1, false);
+    metrics_observe(m->exports[0], METRICS_WRITE, ns[i], 1, false);
   char *t = render(m);
   const char *p = "blockport_request_duration_seconds_bucket{export=\"x\","
                   "cmd=\"write\",le=";
@@ -126,6 +127,27 @@ Test(metrics, histogram_is_cumulative) {
     cr_assert_geq(v, last, "%s", line);
     last = v;
   }
+  free(t);
+  metrics_free(m);
+}
+
+/* A reload: exports get() again keep their counters, removed ones stay
+ * with export_info 0, new ones appear. */
+Test(metrics, exports_survive_reloads) {
+  const char *names[] = {"keep", "gone"};
+  struct metrics *m = make(2, names);
+  struct metrics_export *keep = m->exports[0];
+  metrics_observe(keep, METRICS_READ, 1000, 100, false);
+  metrics_exports_retire(m);
+  cr_assert_eq(metrics_export_get(m, "keep", 7), keep);
+  cr_assert_not_null(metrics_export_get(m, "new", 9));
+  char *t = render(m);
+  cr_assert_eq(sample(t, "blockport_exports"), 2);
+  cr_assert_eq(sample(t, "blockport_export_info{export=\"keep\"}"), 1);
+  cr_assert_eq(sample(t, "blockport_export_info{export=\"gone\"}"), 0);
+  cr_assert_eq(sample(t, "blockport_export_info{export=\"new\"}"), 1);
+  cr_assert_eq(sample(t, "blockport_export_size_bytes{export=\"keep\"}"), 7);
+  cr_assert_eq(sample(t, "blockport_read_bytes_total{export=\"keep\"}"), 100);
   free(t);
   metrics_free(m);
 }

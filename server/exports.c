@@ -1,0 +1,419 @@
+/* Export sets and the devices they share: see exports.h. */
+#include "exports.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../core/log.h"
+#include "config.h"
+#include "metrics.h"
+#include "nbd-protocol.h"
+#include "server.h"
+
+/* ---- devices ---- */
+
+/* Identity of the image an export names: the file (device and inode) when
+ * it is one, so two spellings of a path share one device; otherwise the
+ * export's name and spec, so a memory: disk belongs to its export and
+ * survives reloads that keep both. */
+static char *device_key(const char *name, const char *spec) {
+  struct stat st;
+  char *k = NULL;
+  int r;
+  if (stat(spec, &st) == 0 && (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)))
+    r = asprintf(&k, "file:%ju:%ju", (uintmax_t)st.st_dev,
+                 (uintmax_t)st.st_ino);
+  else
+    r = asprintf(&k, "spec:%s\n%s", name, spec);
+  return r < 0 ? NULL : k;
+}
+
+static struct device *device_find(struct server *srv, const char *key) {
+  for (struct device *d = srv->devices; d; d = d->next)
+    if (!strcmp(d->key, key))
+      return d;
+  return NULL;
+}
+
+/* Drop one user; the last closes (and so flushes) the image. */
+static int device_put(struct server *srv, struct device *d) {
+  pthread_mutex_lock(&srv->lock);
+  bool last = --d->users == 0;
+  if (last) {
+    for (struct device **pp = &srv->devices; *pp; pp = &(*pp)->next) {
+      if (*pp == d) {
+        *pp = d->next;
+        break;
+      }
+    }
+  }
+  pthread_mutex_unlock(&srv->lock);
+  if (!last)
+    return 0;
+  int r = bd_close(d->bd);
+  if (r < 0)
+    log_error("%s: final flush failed: %s", d->spec, strerror(-r));
+  else
+    log_debug("closed %s", d->spec);
+  free(d->key);
+  free(d->spec);
+  free(d);
+  return r < 0 ? -1 : 0;
+}
+
+/* ---- building a set ---- */
+
+struct build {
+  struct server *srv;
+  const struct config *cf;
+  const struct exports_opts *o;
+  struct export_set *s;
+  char **keys; /* device_key() of each cf->v[i] */
+  char *err;
+  size_t errlen;
+};
+
+__attribute__((format(printf, 3, 4))) static int
+fail(struct build *b, const struct export_conf *c, const char *fmt, ...) {
+  size_t used = 0;
+  if (b->o->file && c->line)
+    used = (size_t)snprintf(b->err, b->errlen, "%s:%u: ", b->o->file, c->line);
+  if (used < b->errlen) {
+    used += (size_t)snprintf(b->err + used, b->errlen - used,
+                             "export '%.200s': ", c->name);
+  }
+  if (used < b->errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err + used, b->errlen - used, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* Whether any export of the configuration needs image KEY writable. */
+static bool key_needs_rw(const struct build *b, const char *key) {
+  if (b->o->readonly)
+    return false;
+  for (size_t i = 0; i < b->cf->n; i++)
+    if (!b->cf->v[i].readonly && !strcmp(b->keys[i], key))
+      return true;
+  return false;
+}
+
+/* A live device for C's image, with a user added, if it can serve C.  One
+ * nobody is connected to may be replaced (the old one closes with the
+ * configuration it belongs to); one in use may not be opened again in a
+ * way that conflicts with it. */
+static int reuse_device(struct build *b, const struct export_conf *c,
+                        const char *key, const char *fmt, bool rw,
+                        struct device **out) {
+  struct server *srv = b->srv;
+  pthread_mutex_lock(&srv->lock);
+  struct device *d = device_find(srv, key);
+  bool other_fmt = d && fmt && strcmp(fmt, d->bd->format);
+  bool need_rw = d && rw && d->bd->caps.readonly;
+  bool busy = d && d->conns > 0;
+  if (d && !other_fmt && !need_rw)
+    d->users++;
+  pthread_mutex_unlock(&srv->lock);
+  *out = d && !other_fmt && !need_rw ? d : NULL;
+  if (busy && other_fmt)
+    return fail(b, c, "%s is open as %s for connected clients", c->path,
+                d->bd->format);
+  if (busy && need_rw)
+    return fail(b, c,
+                "%s is open read-only for connected clients; it can be "
+                "made writable once they disconnect",
+                c->path);
+  return 0;
+}
+
+static int attach_device(struct build *b, size_t i, struct export *e) {
+  const struct export_conf *c = &b->cf->v[i];
+  const char *fmt = c->format ? c->format : b->o->format;
+  bool rw = key_needs_rw(b, b->keys[i]);
+  if (reuse_device(b, c, b->keys[i], fmt, rw, &e->dev) < 0)
+    return -1;
+  if (e->dev)
+    return 0;
+  struct device *d = calloc(1, sizeof *d);
+  if (!d)
+    return fail(b, c, "out of memory");
+  d->bd = bd_open(c->path, fmt, !rw);
+  d->key = strdup(b->keys[i]);
+  d->spec = strdup(c->path);
+  if (!d->bd || !d->key || !d->spec) {
+    fail(b, c, "%s", d->bd ? "out of memory" : bd_errmsg());
+    if (d->bd)
+      bd_close(d->bd);
+    free(d->key);
+    free(d->spec);
+    free(d);
+    return -1;
+  }
+  d->users = 1;
+  pthread_mutex_lock(&b->srv->lock);
+  d->next = b->srv->devices;
+  b->srv->devices = d;
+  pthread_mutex_unlock(&b->srv->lock);
+  e->dev = d;
+  log_info("export '%s': %s %s, %" PRIu64 " bytes%s", c->name, d->bd->format,
+           b->o->plugin ? "plugin" : c->path, d->bd->size,
+           d->bd->caps.readonly ? ", read-only" : "");
+  return 0;
+}
+
+/* What the handshake tells clients about export E: what its device can
+ * do (an nbdkit plugin may lack flush, FUA or trim). */
+static struct hs_export hs_export_of(const struct export *e) {
+  const struct bd *bd = e->dev->bd;
+  const struct bd_caps *cp = &bd->caps;
+  uint16_t f = cp->can_flush ? NBD_FLAG_SEND_FLUSH : 0;
+  if (cp->readonly || e->readonly)
+    f |= NBD_FLAG_READ_ONLY;
+  else
+    f |= (cp->can_fua ? NBD_FLAG_SEND_FUA : 0) |
+         (cp->can_trim ? NBD_FLAG_SEND_TRIM : 0) | NBD_FLAG_SEND_WRITE_ZEROES |
+         (cp->can_fast_zero ? NBD_FLAG_SEND_FAST_ZERO : 0);
+  if (cp->multi_conn)
+    f |= NBD_FLAG_CAN_MULTI_CONN;
+  if (cp->can_cache)
+    f |= NBD_FLAG_SEND_CACHE;
+  return (struct hs_export){
+      .name = e->name,
+      .description = e->description ? e->description : bd->description,
+      .size = bd->size,
+      .tflags = f,
+      .min_block = cp->min_block,
+      .pref_block = cp->pref_block,
+      .max_block = cp->max_block,
+      .tls_required = e->tls_required,
+  };
+}
+
+static int copy_allow(struct export *e, const struct export_conf *c) {
+  if (!c->nallow)
+    return 0;
+  e->allow = malloc(c->nallow * sizeof *e->allow);
+  if (!e->allow)
+    return -1;
+  memcpy(e->allow, c->allow, c->nallow * sizeof *e->allow);
+  e->nallow = c->nallow;
+  return 0;
+}
+
+static int add_export(struct build *b, size_t i) {
+  const struct export_conf *c = &b->cf->v[i];
+  struct export_set *s = b->s;
+  struct export *e = &s->v[s->n];
+  *e = (struct export){.readonly = b->o->readonly || c->readonly,
+                       .tls_required = c->tls_required};
+  e->name = strdup(c->name);
+  e->description = c->description ? strdup(c->description) : NULL;
+  if (!e->name || (c->description && !e->description) || copy_allow(e, c) < 0)
+    return fail(b, c, "out of memory");
+  s->n++; /* from here on, freeing the set frees it */
+  if (attach_device(b, i, e) < 0)
+    return -1;
+  s->hs[s->n - 1] = hs_export_of(e);
+  return 0;
+}
+
+/* An nbdkit plugin's other exports (list_exports): more names on the one
+ * device, each connection opening the plugin with its name.  The default
+ * export "" stays reachable, but is listed only if the plugin lists it. */
+static int add_listed(struct build *b) {
+  struct export_set *s = b->s;
+  const struct export_conf *c0 = &b->cf->v[0];
+  int r = bd_list_exports(s->v[0].dev->bd, b->o->readonly, &s->listed);
+  if (r == -ENOTSUP)
+    return 0;
+  if (r < 0)
+    return fail(b, c0, "%s", bd_errmsg());
+  size_t n = s->n + s->listed.n;
+  struct export *ev = realloc(s->v, n * sizeof *ev);
+  if (ev)
+    s->v = ev;
+  struct hs_export *hv = ev ? realloc(s->hs, n * sizeof *hv) : NULL;
+  if (!hv)
+    return fail(b, c0, "out of memory");
+  s->hs = hv;
+  bool listed_default = false;
+  for (size_t i = 0; i < s->listed.n; i++) {
+    const struct bd_export *l = &s->listed.v[i];
+    if (!*l->name) {
+      listed_default = true;
+      continue;
+    }
+    struct export *e = &s->v[s->n];
+    *e = (struct export){.name = strdup(l->name),
+                         .readonly = s->v[0].readonly,
+                         .dev = s->v[0].dev};
+    if (!e->name)
+      return fail(b, c0, "out of memory");
+    pthread_mutex_lock(&b->srv->lock);
+    e->dev->users++;
+    pthread_mutex_unlock(&b->srv->lock);
+    s->hs[s->n++] = hs_export_of(e);
+    if (l->description)
+      s->hs[s->n - 1].description = l->description;
+  }
+  s->hs[0].unlisted = !listed_default;
+  return 0;
+}
+
+static int set_free(struct server *srv, struct export_set *s) {
+  int ret = 0;
+  for (size_t i = 0; i < s->n; i++) {
+    struct export *e = &s->v[i];
+    if (e->dev && device_put(srv, e->dev) < 0)
+      ret = -1;
+    free(e->name);
+    free(e->description);
+    free(e->allow);
+  }
+  free(s->v);
+  free(s->hs);
+  bd_export_list_free(&s->listed);
+  free(s);
+  return ret;
+}
+
+/* The order of the catalog: the default export first (it is v[0]). */
+static size_t *export_order(const struct config *cf, bool *has_default) {
+  size_t *order = malloc(cf->n * sizeof *order), def = 0, k = 0;
+  if (!order)
+    return NULL;
+  *has_default = false;
+  for (size_t i = 0; i < cf->n && !*has_default; i++)
+    if (cf->v[i].is_default) {
+      def = i;
+      *has_default = true;
+    }
+  order[k++] = def;
+  for (size_t i = 0; i < cf->n; i++)
+    if (i != def)
+      order[k++] = i;
+  return order;
+}
+
+static int build_all(struct build *b) {
+  const struct config *cf = b->cf;
+  bool has_default = false;
+  size_t *order = export_order(cf, &has_default);
+  b->keys = calloc(cf->n, sizeof *b->keys);
+  b->s->v = calloc(cf->n, sizeof *b->s->v);
+  b->s->hs = calloc(cf->n, sizeof *b->s->hs);
+  int r = order && b->keys && b->s->v && b->s->hs ? 0 : -1;
+  for (size_t i = 0; r == 0 && i < cf->n; i++)
+    if (!(b->keys[i] = device_key(cf->v[i].name, cf->v[i].path)))
+      r = -1;
+  if (r < 0)
+    fail(b, &cf->v[0], "out of memory");
+  for (size_t k = 0; r == 0 && k < cf->n; k++)
+    r = add_export(b, order[k]);
+  if (r == 0 && b->o->plugin)
+    r = add_listed(b);
+  b->s->catalog = (struct hs_catalog){
+      .v = b->s->hs, .n = b->s->n, .no_default = !has_default};
+  for (size_t i = 0; b->keys && i < cf->n; i++)
+    free(b->keys[i]);
+  free(b->keys);
+  free(order);
+  return r;
+}
+
+struct export_set *exports_build(struct server *srv, const struct config *cf,
+                                 const struct exports_opts *o, char *err,
+                                 size_t errlen) {
+  struct export_set *s = calloc(1, sizeof *s);
+  struct build b = {srv, cf, o, s, NULL, err, errlen};
+  if (!s || cf->n == 0) {
+    snprintf(err, errlen, "%s", s ? "no exports" : "out of memory");
+    free(s);
+    return NULL;
+  }
+  s->refs = 1;
+  if (build_all(&b) < 0) {
+    set_free(srv, s);
+    return NULL;
+  }
+  return s;
+}
+
+/* ---- the current set ---- */
+
+/* --metrics: counters for S's exports (kept, by name, across reloads). */
+static void attach_metrics(struct server *srv, struct export_set *s) {
+  if (!srv->metrics)
+    return;
+  metrics_exports_retire(srv->metrics);
+  for (size_t i = 0; i < s->n; i++)
+    s->v[i].mx = metrics_export_get(srv->metrics, s->v[i].name, s->hs[i].size);
+}
+
+void exports_install(struct server *srv, struct export_set *s) {
+  attach_metrics(srv, s); /* before any connection can see S */
+  pthread_mutex_lock(&srv->lock);
+  struct export_set *old = srv->current;
+  s->generation = ++srv->generation;
+  srv->current = s;
+  pthread_mutex_unlock(&srv->lock);
+  if (old)
+    exports_put(srv, old);
+}
+
+struct export_set *exports_get(struct server *srv) {
+  pthread_mutex_lock(&srv->lock);
+  struct export_set *s = srv->current;
+  if (s)
+    s->refs++;
+  pthread_mutex_unlock(&srv->lock);
+  return s;
+}
+
+struct export_set *exports_refresh(struct server *srv, struct export_set **s) {
+  struct export_set *old = NULL;
+  pthread_mutex_lock(&srv->lock);
+  if (srv->current && srv->current != *s) {
+    old = *s;
+    *s = srv->current;
+    (*s)->refs++;
+  }
+  pthread_mutex_unlock(&srv->lock);
+  return old;
+}
+
+int exports_put(struct server *srv, struct export_set *s) {
+  if (!s)
+    return 0;
+  pthread_mutex_lock(&srv->lock);
+  bool last = --s->refs == 0;
+  pthread_mutex_unlock(&srv->lock);
+  return last ? set_free(srv, s) : 0;
+}
+
+void exports_conn_begin(struct server *srv, struct export *e) {
+  pthread_mutex_lock(&srv->lock);
+  e->dev->conns++;
+  pthread_mutex_unlock(&srv->lock);
+}
+
+void exports_conn_end(struct server *srv, struct export *e) {
+  pthread_mutex_lock(&srv->lock);
+  e->dev->conns--;
+  pthread_mutex_unlock(&srv->lock);
+}
+
+int exports_find(const struct export_set *s, const char *name) {
+  for (size_t i = 0; i < s->n; i++)
+    if (!strcmp(s->v[i].name, name))
+      return (int)i;
+  return -1;
+}

@@ -1,0 +1,87 @@
+/* The exports a server offers, as immutable generations.
+ *
+ * A configuration (the command line, or a config file read at startup and
+ * on SIGHUP) becomes a struct export_set.  Each connection holds a
+ * reference to the set it negotiated with, so a reload never changes what
+ * a connected client uses; the set, and the images only it uses, are
+ * closed after its last connection.  Images are struct devices shared by
+ * every set that names the same image, so an image is never open twice. */
+#ifndef BLOCKPORT_EXPORTS_H
+#define BLOCKPORT_EXPORTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/blockdev.h"
+#include "access.h"
+#include "handshake.h"
+
+struct server;
+struct config;
+struct metrics_export;
+
+/* One opened image.  Listed in srv->devices while some set uses it. */
+struct device {
+  struct bd *bd;
+  char *key;      /* identity: see device_key() in exports.c */
+  char *spec;     /* as opened, for messages */
+  unsigned users; /* exports (of any set) naming it; under srv->lock */
+  unsigned conns; /* connections using it; under srv->lock */
+  struct device *next;
+};
+
+struct export {
+  char *name;
+  char *description; /* NULL: the device's */
+  struct device *dev;
+  bool readonly; /* may be stricter than the device */
+  bool tls_required;
+  struct acl_rule *allow; /* TCP clients admitted; none: everyone */
+  size_t nallow;
+  struct metrics_export *mx; /* --metrics counters, or NULL */
+};
+
+struct export_set {
+  unsigned refs; /* the server's, and each connection's; under srv->lock */
+  unsigned generation;
+  struct export *v;
+  size_t n;
+  struct hs_export *hs; /* what the handshake tells clients, as v */
+  struct hs_catalog catalog;
+  struct bd_export_list listed; /* an nbdkit plugin's list_exports */
+};
+
+/* How the configuration's exports are opened. */
+struct exports_opts {
+  const char *format; /* -f: for exports that name none */
+  bool readonly;      /* -r: every export */
+  bool plugin;        /* v[0] is an nbdkit plugin: add the exports it lists */
+  const char *file;   /* the config file, for messages; NULL: command line */
+};
+
+/* Open (or reuse from SRV's live devices) what CF declares.  Returns a set
+ * holding one reference, or NULL with the reason in ERR; then nothing has
+ * changed. */
+struct export_set *exports_build(struct server *srv, const struct config *cf,
+                                 const struct exports_opts *o, char *err,
+                                 size_t errlen);
+/* Make S the set new clients get, dropping the previous one.  Takes over
+ * the caller's reference. */
+void exports_install(struct server *srv, struct export_set *s);
+/* The current set, with a reference for the caller. */
+struct export_set *exports_get(struct server *srv);
+/* If a newer set than *S is current, put a reference to it in *S and
+ * return the old one (for the caller to exports_put() when done with it);
+ * else NULL. */
+struct export_set *exports_refresh(struct server *srv, struct export_set **s);
+/* Drop a reference; the last one closes the images only S used.  Returns
+ * -1 if an image's final flush failed (logged), else 0. */
+int exports_put(struct server *srv, struct export_set *s);
+/* A connection starts or stops using E's device. */
+void exports_conn_begin(struct server *srv, struct export *e);
+void exports_conn_end(struct server *srv, struct export *e);
+/* Index of the export named NAME in S, or -1. */
+int exports_find(const struct export_set *s, const char *name);
+
+#endif
