@@ -250,6 +250,23 @@ wait_for_line "msg STOPPING=1"
 wait "$NOTIFY_PID" || fail "notify listener failed: $(cat "$T/notify.out")"
 ok "STOPPING=1 at SIGTERM"
 
+check "NOTIFY_SOCKET with --config: SIGHUP sends RELOADING=1, then READY=1"
+printf '[export a]\npath = %s\n' "$T/disk.img" >"$T/exports.conf"
+rm -f "$T/notify.sock"
+listen_notify "$T/notify.sock" -
+NOTIFY_SOCKET=$T/notify.sock start_server --config "$T/exports.conf"
+wait_for_line "msg STATUS=Serving 1 export on unix $T/sock"
+printf '[export b]\npath = null:1M\n' >>"$T/exports.conf"
+kill -HUP "$SERVER_PID"
+wait_for_line "msg RELOADING=1"
+wait_for_line "msg STATUS=Serving 2 exports"
+[[ $(grep -c "^msg READY=1" "$T/notify.out") -eq 2 ]] ||
+    fail "expected READY=1 at startup and after the reload: $(cat "$T/notify.out")"
+stop_server TERM
+wait_for_line "msg STOPPING=1"
+wait "$NOTIFY_PID" || fail "notify listener failed: $(cat "$T/notify.out")"
+ok "RELOADING=1, READY=1 and the new export count"
+
 check "NOTIFY_SOCKET (abstract '@') with socket activation"
 name="@blockport-test-$$-$RANDOM"
 listen_notify "$name" -
