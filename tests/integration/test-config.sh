@@ -317,3 +317,27 @@ qemu-io -f qcow2 -c 'read -P 0x46 0 1M' -c 'read -P 0x98 1M 64k' \
 qemu-io -f qcow2 -c 'read -P 0x47 0 1M' -c 'read -P 0x77 1M 1M' \
   -c 'read -P 0x99 2M 64k' images/golden.qcow2 >/dev/null || fail "golden.qcow2 content"
 ok "golden.qcow2 and frozen.qcow2 clean and hold every write"
+
+check "--metrics over a reload: counters kept by name, removed exports shown 0"
+printf '[export m1]\npath = memory:8M\n\n[export m2]\npath = null:8M\n' >exports.conf
+for attempt in 1 2 3 4 5; do
+  MPORT=$(_free_port)
+  _launch --unix "$T/sock" -- --metrics "127.0.0.1:$MPORT" --config exports.conf
+  _wait_started && break
+  ((attempt < 5)) || fail "could not start the server with --metrics"
+done
+SOCK=$T/sock
+scrape() { "$PY" -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "http://127.0.0.1:$MPORT/metrics"; }
+run qemu-io -f raw -c 'write -P 1 0 1M' "$(export_uri m1)" >/dev/null || fail "write m1"
+printf '[export m1]\npath = memory:8M\n\n[export m3]\npath = null:8M\n' >exports.conf
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do grep -q "reloaded.*added: 'm3'" "$LOG" && break; sleep 0.1; done
+grep -q "reloaded.*added: 'm3'" "$LOG" || { tail -5 "$LOG"; fail "metrics server did not reload"; }
+scrape >metrics.txt || fail "scrape"
+for want in 'blockport_exports 2' 'blockport_export_info{export="m1"} 1' \
+  'blockport_export_info{export="m2"} 0' 'blockport_export_info{export="m3"} 1' \
+  'blockport_written_bytes_total{export="m1"} 1048576'; do
+  grep -qxF "$want" metrics.txt || { grep -E 'exports|export_info|written' metrics.txt; fail "missing: $want"; }
+done
+stop_server
+ok "export_info follows the configuration; m1's counters survived the reload"
