@@ -35,5 +35,20 @@ nbdkit_dir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
   { echo "package-check: no nbdkit plugin installed" >&2; exit 1; }
 kill "$pid"; wait "$pid"
 pid=
+# The same image from a config file, and a reload adding an export.
+[ -f /usr/share/doc/blockport/CONFIG.md ] ||
+  { echo "package-check: no CONFIG.md installed" >&2; exit 1; }
+printf '[export demo]\npath = %s\nread-only = yes\n' "$w/demo.qcow2" >"$w/exports.conf"
+rm -f "$w/pid"
+/usr/bin/blockport serve --unix "$w/s.sock" --pid-file "$w/pid" --config "$w/exports.conf" 2>"$w/log" &
+pid=$!
+for _ in $(seq 100); do [ -s "$w/pid" ] && break; sleep 0.05; done
+printf '[export more]\npath = null:1M\n' >>"$w/exports.conf"
+kill -HUP "$pid"
+for _ in $(seq 100); do grep -q reloaded "$w/log" && break; sleep 0.05; done
+size=$(nbdinfo --size "nbd+unix:///more?socket=$w/s.sock")
+[ "$size" = 1048576 ] || { cat "$w/log"; echo "package-check: --config reload" >&2; exit 1; }
+kill "$pid"; wait "$pid"
+pid=
 rm -rf "$w"
 echo "== package installed, served an image, removed: ok"
