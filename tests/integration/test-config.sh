@@ -341,3 +341,45 @@ for want in 'blockport_exports 2' 'blockport_export_info{export="m1"} 1' \
 done
 stop_server
 ok "export_info follows the configuration; m1's counters survived the reload"
+
+if fio --enghelp=nbd >/dev/null 2>&1; then
+  check "20 reloads while fio writes and verifies a qcow2 export: in-flight work untouched"
+  qemu-img create -q -f qcow2 images/busy.qcow2 64M
+  conf() { # conf N: the busy export, plus one that changes every reload
+    printf '[export busy]\npath = images/busy.qcow2\n\n[export churn-%s]\npath = memory:1M\n' "$1"
+  }
+  conf 0 >exports.conf
+  : >"$LOG" # count this server's reloads only
+  start_server --config exports.conf
+  cat >busy.fio <<EOF2
+[global]
+ioengine=nbd
+uri=nbd+unix:///busy?socket=$SOCK
+rw=randwrite
+bsrange=4k-256k
+size=32M
+iodepth=16
+verify=crc32c
+verify_fatal=1
+[w1]
+offset=0
+[w2]
+offset=32M
+EOF2
+  (timeout --kill-after=5 120 fio --output-format=terse busy.fio >fio.out 2>&1; echo "rc=$?" >>fio.out) &
+  FIO=$!
+  track_pid $FIO
+  for i in $(seq 1 20); do
+    conf "$i" >exports.conf
+    kill -HUP "$SERVER_PID"
+    sleep 0.1
+  done
+  wait $FIO || true
+  grep -q "^rc=0$" fio.out || { cat fio.out; fail "fio failed across reloads"; }
+  # Signals sent close together may arrive as one: not every HUP reloads.
+  (($(grep -c "reloaded.*added: 'churn-" "$LOG") >= 5)) ||
+    { grep reloaded "$LOG"; fail "too few reloads during fio"; }
+  stop_server
+  run qemu-img check -q images/busy.qcow2 || fail "qemu-img check busy.qcow2"
+  ok "fio verified every write; $(grep -c reloaded "$LOG") reloads logged; image clean"
+fi
