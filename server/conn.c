@@ -440,8 +440,12 @@ static void handle_request(struct conn *c, const struct nbd_request *r) {
                "skip; closing",
                c->id, c->peer, (unsigned long long)payload);
       c->eof = true;
-    } else {
+    } else if (payload > 0) {
       c->discard = payload;
+      c->refused = n;
+      n->error = err;
+      n->errmsg = msg;
+      return;
     }
     fail_req(c, n, err, msg);
     return;
@@ -469,6 +473,9 @@ static void process_input(struct conn *c) {
       c->discard -= n;
       if (c->discard > 0)
         break;
+      struct nreq *r = c->refused;
+      c->refused = NULL;
+      fail_req(c, r, r->error, r->errmsg);
       continue;
     }
     if (c->cur) {
@@ -573,16 +580,22 @@ static bool spin_read(struct conn *c, enum input *res) {
   return false;
 }
 
+/* Drop a request that will never be answered. */
+static void abandon(struct conn *c, struct nreq **pn) {
+  if (!*pn)
+    return;
+  count_done(*pn, true);
+  pthread_mutex_lock(&c->lock);
+  conn_release_locked(c, *pn);
+  pthread_mutex_unlock(&c->lock);
+  *pn = NULL;
+}
+
 /* No more input: a request still waiting for its payload is abandoned. */
 static void stop_reading(struct conn *c) {
   c->eof = true;
-  if (c->cur) {
-    count_done(c->cur, true);
-    pthread_mutex_lock(&c->lock);
-    conn_release_locked(c, c->cur);
-    pthread_mutex_unlock(&c->lock);
-    c->cur = NULL;
-  }
+  abandon(c, &c->cur);
+  abandon(c, &c->refused);
 }
 
 /* Milliseconds until a closing connection gives up on its client: -1

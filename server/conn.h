@@ -67,11 +67,14 @@ struct conn {
   /* Input, touched only by the connection thread. */
   uint8_t *rbuf;
   size_t rstart, rend, rcap;
-  struct nreq *cur;    /* receiving its payload */
-  uint64_t discard;    /* payload bytes to skip after a rejected request */
-  bool eof;            /* no more requests will be read */
-  int64_t hs_deadline; /* ms (monotonic): the handshake's end, 0: none */
-  int64_t last_input;  /* ms (monotonic): when a request last arrived */
+  struct nreq *cur;     /* receiving its payload */
+  uint64_t discard;     /* payload bytes to skip after a rejected request */
+  struct nreq *refused; /* that request: answered once its payload is
+                         * skipped (libnbd drops a reply that arrives
+                         * while it still sends the request) */
+  bool eof;             /* no more requests will be read */
+  int64_t hs_deadline;  /* ms (monotonic): the handshake's end, 0: none */
+  int64_t last_input;   /* ms (monotonic): when a request last arrived */
 
   /* Everything below is guarded by lock. */
   pthread_mutex_t lock;

@@ -12,6 +12,7 @@ Exit status: 0 all passed, 1 any failure, 77 when BLOCKPORT is unusable.
 """
 
 import os
+import select
 import shutil
 import signal
 import struct
@@ -890,6 +891,31 @@ def readonly_eperm(t):
         c.disconnect()
     with open(path, "rb") as f:
         eq(f.read(7), b"RO-DATA", "file content after read-only session")
+
+
+@case
+def refused_write_answered_after_payload(t):
+    """The error reply to a refused write comes only once its payload has
+    been read: libnbd drops (and disconnects on) a reply that arrives while
+    it is still sending the request."""
+    with Server(t, ["memory:1M"], options=["--readonly"]) as s:
+        for mode in ("simple", "structured"):
+            c = s.client(structured=mode == "structured")
+            payload = pattern(65536, 9)
+            cookie = c.new_cookie()
+            req = nw.Request(cookie, nw.NBD_CMD_WRITE, 0, 0, len(payload),
+                             False, payload)
+            c.pending[cookie] = req
+            c.replies[cookie] = nw.Reply(req)
+            c.send_raw(struct.pack(">IHHQQI", nw.NBD_REQUEST_MAGIC, 0,
+                                   nw.NBD_CMD_WRITE, cookie, 0, len(payload))
+                       + payload[:1000])
+            ready, _, _ = select.select([c.sock], [], [], 0.5)
+            check(not ready, "%s: the reply came before the payload" % mode)
+            c.send_raw(payload[1000:])
+            err_reply(c.wait(cookie), nw.NBD_EPERM, mode + " write")
+            ok_reply(c.read(0, 512), mode + " read after the refused write")
+            c.disconnect()
 
 
 @case
