@@ -10,15 +10,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "fuzz-check.h"
 #include "server/config.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
 
 static void check_name(const char *name) {
   size_t n = strlen(name);

@@ -19,17 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-check.h"
 #include "server/handshake.h"
 #include "server/nbd-protocol.h"
 #include "server/wire.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
 
 static const struct hs_export exports[4] = {
     {.name = "disk",

@@ -12,14 +12,7 @@
 #include <string.h>
 
 #include "frontend/partition.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
+#include "fuzz-check.h"
 
 struct disk {
   const uint8_t *data;

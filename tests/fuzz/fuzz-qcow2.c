@@ -27,14 +27,7 @@
 #include "core/log.h"
 #include "formats/qcow2/qcow2-internal.h"
 #include "formats/qcow2/qcow2.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
+#include "fuzz-check.h"
 
 #define MAX_INPUT (1u << 20)
 #define MAX_L1_WALK 16

@@ -10,16 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz-check.h"
 #include "server/nbd-protocol.h"
 #include "server/wire.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
 
 #define RW_FLAGS                                                               \
   (NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA |              \

@@ -15,14 +15,7 @@
 
 #include "frontend/virtio-blk.h"
 #include "frontend/virtq.h"
-
-#define CHECK(c)                                                               \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);    \
-      abort();                                                                 \
-    }                                                                          \
-  } while (0)
+#include "fuzz-check.h"
 
 #define REGION 0x4000u
 #define DESC_GPA 0x0u
