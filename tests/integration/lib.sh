@@ -32,6 +32,9 @@
 #   check_sanitizer_reports FILE  fail on ASan/LSan/UBSan/TSan reports in FILE
 #   track_pid PID             kill PID (and wait) on exit
 #   random_file FILE MIB      FILE of MIB MiB of random data
+#   fio_verify URI            fio (nbd engine): 4 jobs write 8 MiB each of
+#                             4k-64k random blocks 16 MiB apart, iodepth 16,
+#                             and read them back (crc32c); fail on any error
 #
 # Everything is safe under `set -euo pipefail`.
 
@@ -346,4 +349,24 @@ check_sanitizer_reports() {
 # random_file FILE MIB
 random_file() {
     head -c "$(($2 * 1024 * 1024))" /dev/urandom >"$1"
+}
+
+fio_verify() {
+    cat >"$T/verify.fio" <<EOF
+[global]
+ioengine=nbd
+uri=$1
+rw=randwrite
+bs=4k-64k
+iodepth=16
+numjobs=4
+size=8M
+offset_increment=16M
+verify=crc32c
+do_verify=1
+verify_fatal=1
+[v]
+EOF
+    (cd "$T" && run fio --output="$T/fio.out" "$T/verify.fio") ||
+        { cat "$T/fio.out"; fail "fio verify on $1"; }
 }

@@ -91,22 +91,7 @@ check "multi-conn: 4 connections to a multi-conn backend, fio verify on them"
 start_back 64M
 start_server --nbd-timeout $TMO "$BACK"
 [ "$(back_conns)" -eq 4 ] || fail "$(back_conns) connections to the backend"
-cat >v.fio <<J
-[global]
-ioengine=nbd
-uri=$URI
-rw=randwrite
-bs=4k-64k
-iodepth=16
-numjobs=4
-size=8M
-offset_increment=16M
-verify=crc32c
-do_verify=1
-verify_fatal=1
-[v]
-J
-run fio --output=fio.out v.fio || { cat fio.out; fail "fio verify"; }
+fio_verify "$URI"
 ok "4 connections; fio verify with 4 jobs"
 
 check "--nbd-connections 2: two connections"

@@ -22,22 +22,7 @@ grep -q "1048576 *3145728 *0 *data" map.txt || { cat map.txt; fail "map through 
 ok "data and block status pass through"
 
 check "fio verify, 4 jobs, through the front server"
-cat >v.fio <<J
-[global]
-ioengine=nbd
-uri=$URI
-rw=randwrite
-bs=4k-64k
-iodepth=16
-numjobs=4
-size=8M
-offset_increment=16M
-verify=crc32c
-do_verify=1
-verify_fatal=1
-[v]
-J
-run fio --output=fio.out v.fio || { cat fio.out; fail "fio verify"; }
+fio_verify "$URI"
 stop_server
 ok "verified"
 

@@ -86,22 +86,7 @@ grep -Eq "^ *0 +1048576 +3 +hole,zero" map.txt || { cat map.txt; fail "map"; }
 ok "$(tr -s ' ' <map.txt | head -3 | paste -sd';')"
 
 check "fio verify over four connections at once"
-cat >v.fio <<J
-[global]
-ioengine=nbd
-uri=$URI
-rw=randwrite
-bs=4k-64k
-iodepth=16
-numjobs=4
-size=8M
-offset_increment=16M
-verify=crc32c
-do_verify=1
-verify_fatal=1
-[v]
-J
-run fio --output=fio.out v.fio || { cat fio.out; fail "fio verify"; }
+fio_verify "$URI"
 stop_nbdkit
 qemu-img check m.qcow2 >check.txt 2>&1 || { cat check.txt; fail "check after fio"; }
 ok "verified, and the image checks clean"
