@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ struct fm {
   struct disk disk;
   struct bd *bd;
   struct fuse_session *se;
+  int late_fd; /* see keep_fuse_fd_late() */
   struct fm_config cfg;
   char *mountpoint;
   bool file_mode; /* mounted over a regular file */
@@ -913,6 +915,35 @@ static void fm_free(struct fm *m) {
   free(m);
 }
 
+/* auto_unmount hands the unmount to a fusermount3 process that waits for
+ * a socket of ours to close, then opens the mount point to check that it
+ * is a dead FUSE mount (ENOTCONN) before unmounting.  When we are killed,
+ * the kernel releases our descriptors in the reverse order of their
+ * numbers, and libfuse's socket has a higher number than the FUSE device:
+ * fusermount3 could wake while the connection was still up, its open()
+ * then failed with ECONNABORTED as the connection went down, and it left a
+ * dead mount behind.  A copy of the device's descriptor numbered above
+ * every other is released first, so the connection is down before the
+ * socket closes.  Best effort: without it auto_unmount is as racy as
+ * libfuse makes it. */
+static int keep_fuse_fd_late(int fuse_fd) {
+  struct rlimit rl;
+  int high = 4095;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      rl.rlim_cur <= (rlim_t)high)
+    high = (int)rl.rlim_cur - 1;
+  int fd = fcntl(fuse_fd, F_DUPFD_CLOEXEC, high);
+  if (fd < 0)
+    log_debug("no late copy of the FUSE descriptor: %s", strerror(errno));
+  return fd;
+}
+
+static void close_late_fd(struct fm *m) {
+  if (m->late_fd >= 0)
+    close(m->late_fd);
+  m->late_fd = -1;
+}
+
 struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
   if (!name_ok(cfg->name)) {
     log_error("'%s' cannot be a file name", cfg->name);
@@ -929,6 +960,7 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
   pthread_mutex_init(&m->run_lock, NULL);
   pthread_cond_init(&m->idle, NULL);
   m->bd = bd;
+  m->late_fd = -1;
   m->cfg = *cfg;
   m->readonly = bd->caps.readonly;
   m->uid = getuid();
@@ -957,6 +989,7 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     fuse_session_destroy(m->se);
     goto fail;
   }
+  m->late_fd = keep_fuse_fd_late(fuse_session_fd(m->se));
   return m;
 fail:
   fm_free(m);
@@ -996,6 +1029,7 @@ int fm_destroy(struct fm *m) {
      * (the process is about to exit). */
     log_error("%u requests still in flight after %d s; unmounting anyway",
               atomic_load(&m->inflight), DRAIN_SECONDS);
+    close_late_fd(m);
     fuse_session_unmount(m->se);
     return -2;
   }
@@ -1007,6 +1041,7 @@ int fm_destroy(struct fm *m) {
       ret = -1;
     }
   }
+  close_late_fd(m);
   fuse_session_unmount(m->se);
   fuse_session_destroy(m->se);
   fm_free(m);
