@@ -21,11 +21,12 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import casetest  # noqa: E402
 import nbdwire as nw  # noqa: E402
+from casetest import Failure, check, eq  # noqa: E402
 from nbdwire import (  # noqa: E402
     NBD_CMD_FLAG_DF, NBD_CMD_FLAG_FUA, NBD_CMD_READ, NBD_CMD_WRITE,
     NBD_STATE_HOLE, NBD_STATE_ZERO, Client, ProtocolError, rep_name)
@@ -36,20 +37,6 @@ GiB = 1024 * MiB
 MAX_PAYLOAD = 32 * MiB
 
 BLOCKPORT = os.environ.get("BLOCKPORT", "")
-
-
-class Failure(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Failure(msg)
-
-
-def eq(got, want, what):
-    if got != want:
-        raise Failure("%s: got %r, want %r" % (what, got, want))
 
 
 def rep_eq(res, want, what):
@@ -228,7 +215,7 @@ class Server:
                               "%s" % (rc, tail))
         elif etype is not None and isinstance(exc, Exception):
             # Keep the original failure but add the log for context.
-            exc.server_log = tail
+            exc.details = ["server " + tail]
         return False
 
 
@@ -1418,49 +1405,20 @@ def rep_is_err(res):
 # --------------------------------------------------------------------- main
 
 
+def run_case(fn):
+    tmp = tempfile.mkdtemp(prefix="bp-proto-")
+    try:
+        fn(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv):
-    if not BLOCKPORT or not os.path.isfile(BLOCKPORT) or \
-            not os.access(BLOCKPORT, os.X_OK):
-        print("SKIP: BLOCKPORT is unset or not executable (%r)" % BLOCKPORT)
+    if not casetest.blockport_usable(BLOCKPORT):
         return 77
-    selected = CASES
-    if argv:
-        names = set(argv)
-        selected = [f for f in CASES if f.__name__ in names]
-        unknown = names - set(f.__name__ for f in CASES)
-        if unknown:
-            print("unknown case(s): %s" % ", ".join(sorted(unknown)))
-            return 1
-    passed = failed = 0
-    for fn in selected:
-        tmp = tempfile.mkdtemp(prefix="bp-proto-")
-        name = fn.__name__
-        try:
-            fn(tmp)
-        except Failure as e:
-            failed += 1
-            print("FAIL %s: %s" % (name, e))
-            if getattr(e, "server_log", None):
-                print("#   server %s" % e.server_log)
-        except (ProtocolError, nw.Closed, OSError, struct.error,
-                KeyError) as e:
-            failed += 1
-            print("FAIL %s: %s: %s" % (name, type(e).__name__, e))
-            if getattr(e, "server_log", None):
-                print("#   server %s" % e.server_log)
-        except Exception as e:  # a bug in the test itself
-            failed += 1
-            print("FAIL %s: unexpected %s: %s" % (name, type(e).__name__, e))
-            for line in traceback.format_exc().splitlines():
-                print("#   " + line)
-        else:
-            passed += 1
-            print("ok %s" % name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        sys.stdout.flush()
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    return casetest.run([(f.__name__, f) for f in CASES], argv, run_case,
+                        expected=(ProtocolError, nw.Closed, OSError,
+                                  struct.error, KeyError))
 
 
 if __name__ == "__main__":

@@ -22,35 +22,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import casetest  # noqa: E402
 import vhostuser as vu  # noqa: E402
+from casetest import Failure, Skip, check, eq  # noqa: E402
 from vhostuser import (  # noqa: E402
     BlkDriver, Frontend, Guest, Queue, S_IOERR, S_OK, S_UNSUPP, T_DISCARD,
     T_FLUSH, T_GET_ID, T_IN, T_OUT, T_WRITE_ZEROES)
 
 BLOCKPORT = os.environ.get("BLOCKPORT", "")
 MiB = 1 << 20
-
-
-class Failure(Exception):
-    pass
-
-
-class Skip(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Failure(msg)
-
-
-def eq(got, want, what):
-    if got != want:
-        raise Failure("%s: got %r, want %r" % (what, got, want))
 
 
 class Env:
@@ -339,34 +322,25 @@ CASES = [(n[5:], f) for n, f in sorted(globals().items())
          if n.startswith("case_")]
 
 
+def run_case(fn):
+    env = Env()
+    try:
+        fn(env)
+    except Exception as e:
+        # The logs of every process the case started, after its FAIL line.
+        e.details = []
+        for p in env.procs:
+            e.details.append("--- log of %s" % " ".join(p.args[:2]))
+            e.details += env.log(p).splitlines()
+        raise
+    finally:
+        env.cleanup()
+
+
 def main():
-    if not BLOCKPORT or not os.access(BLOCKPORT, os.X_OK):
-        print("skip: set BLOCKPORT to the blockport binary")
+    if not casetest.blockport_usable(BLOCKPORT):
         return 77
-    wanted = sys.argv[1:]
-    passed = failed = 0
-    for name, fn in CASES:
-        if wanted and name not in wanted:
-            continue
-        env = Env()
-        try:
-            fn(env)
-            print("ok", name)
-            passed += 1
-        except Skip as e:
-            print("skip %s: %s" % (name, e))
-        except Exception as e:  # noqa: BLE001
-            print("FAIL %s: %s" % (name, e))
-            if not isinstance(e, Failure):
-                traceback.print_exc()
-            for p in env.procs:
-                print("--- log of %s" % " ".join(p.args[:2]))
-                print(env.log(p))
-            failed += 1
-        finally:
-            env.cleanup()
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return casetest.run(CASES, sys.argv[1:], run_case)
 
 
 if __name__ == "__main__":
