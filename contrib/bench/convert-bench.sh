@@ -10,8 +10,9 @@
 # usage: contrib/bench/convert-bench.sh [BLOCKPORT]
 set -euo pipefail
 BP=$(readlink -f "${1:-$(dirname "$0")/../../build/blockport}")
-W=$(mktemp -d /tmp/convert-bench.XXXX)
-trap 'rm -rf "$W"' EXIT
+source "$(dirname "$0")/lib.sh"
+bench_require qemu-img
+bench_workdir convert-bench
 cd "$W"
 truncate -s 1G in.raw
 dd if=/dev/urandom of=in.raw bs=1M count=512 conv=notrunc status=none

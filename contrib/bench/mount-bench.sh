@@ -24,52 +24,31 @@ RT=${1:-10}
 ROUNDS=${2:-2}
 BP=${3:-$(dirname "$0")/../../build/blockport}
 BP=$(readlink -f "$BP")
-for t in fio nbdfuse qemu-storage-daemon qemu-img fusermount3; do
-  command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
-done
-W=$(mktemp -d /tmp/mount-bench.XXXX)
+source "$(dirname "$0")/lib.sh"
+bench_require fio nbdfuse qemu-storage-daemon qemu-img fusermount3
+bench_workdir mount-bench
 MOUNTS=()
-cleanup() {
-  set +e
+bench_cleanup_hook() {
   for m in "${MOUNTS[@]}"; do
     grep -qs " $m fuse" /proc/mounts && fusermount3 -u -z "$m"
   done
-  kill $(jobs -p) 2>/dev/null
   for p in "$W"/*.pid; do [ -s "$p" ] && kill "$(cat "$p" 2>/dev/null)" 2>/dev/null; done
-  wait 2>/dev/null
   sleep 0.5
-  rm -rf "$W"
 }
-trap cleanup EXIT
 RAW=$W/disk.raw
-qemu-img create -f raw "$RAW" 1G >/dev/null
-dd if=/dev/urandom of="$RAW" bs=1M count=1024 conv=notrunc status=none
+random_disk "$RAW" 1024
 SOCK=$W/s.sock
 URI="nbd+unix:///?socket=$SOCK"
-"$BP" serve --unix "$SOCK" --pid-file "$W/server.pid" "$RAW" 2>"$W/server.log" &
-for _ in $(seq 100); do [ -s "$W/server.pid" ] && break; sleep 0.05; done
+"$BP" serve --unix "$SOCK" "$RAW" 2>"$W/server.log" &
+wait_sock "$SOCK"
 
 job() { # workload -> job file
-  local rw=randrw bs=4k depth=64
+  local o=(ioengine=libaio direct=1)
   case $1 in
-    seqread) rw=read bs=1M depth=8 ;;
-    seqwrite) rw=write bs=1M depth=8 ;;
+    seqread) o+=(rw=read bs=1M iodepth=8) ;;
+    seqwrite) o+=(rw=write bs=1M iodepth=8) ;;
   esac
-  cat > "$W/$1.fio" <<J
-[global]
-ioengine=libaio
-direct=1
-rw=$rw
-rwmixread=75
-bs=$bs
-iodepth=$depth
-time_based=1
-runtime=$RT
-size=1G
-randrepeat=1
-gtod_reduce=1
-[test]
-J
+  fio_job "$W/$1.fio" "${o[@]}"
 }
 WORKLOADS=(randrw seqread seqwrite)
 for w in "${WORKLOADS[@]}"; do job "$w"; done
@@ -131,12 +110,10 @@ unmount() { # NAME
 }
 
 declare -A IOPS MIBS
-measure() { # name workload
-  local out
-  out=$(fio --filename="$FILE" --output-format=terse --terse-version=3 "$W/$2.fio" 2>/dev/null | tail -n 1)
-  # terse v3: field 7 read bw KiB/s, 8 read IOPS, 48 write bw, 49 write IOPS
-  IOPS[$1,$2]=$(( ${IOPS[$1,$2]:-0} + $(awk -F';' '{print $8+$49}' <<<"$out") ))
-  MIBS[$1,$2]=$(( ${MIBS[$1,$2]:-0} + $(awk -F';' '{printf "%.0f", ($7+$48)/1024}' <<<"$out") ))
+measure() { # name workload: sums over rounds
+  fio_run --filename="$FILE" "$W/$2.fio"
+  IOPS[$1,$2]=$(( ${IOPS[$1,$2]:-0} + FIO_IOPS ))
+  MIBS[$1,$2]=$(( ${MIBS[$1,$2]:-0} + FIO_MIBS ))
 }
 
 NAMES=(blockport-nbd nbdfuse qsd-nbd blockport-file qsd-file)
@@ -164,7 +141,6 @@ for name in "${NAMES[@]}"; do
   echo
 done
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
 echo
 printf '%-44s' "ratio"; printf ' %9s' "${WORKLOADS[@]}"; echo
 for pair in "blockport-nbd nbdfuse 1.5/1.0" "blockport-nbd qsd-nbd -" "blockport-file qsd-file -"; do

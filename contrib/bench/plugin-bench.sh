@@ -18,43 +18,23 @@ RT=${1:-10}
 BUILD=$(readlink -f "${2:-$(dirname "$0")/../../build}")
 BP=$BUILD/blockport
 ROUNDS=${3:-1}
-for t in fio nbdkit nbdcopy; do
-  command -v $t >/dev/null || { echo "missing $t" >&2; exit 1; }
-done
-W=$(mktemp -d /tmp/plugin-bench.XXXX)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+source "$(dirname "$0")/lib.sh"
+bench_require fio nbdkit nbdcopy
+bench_workdir plugin-bench
 SOCK=$W/s.sock
 URI="nbd+unix:///?socket=$SOCK"
-cat >"$W/randrw.fio" <<J
-[global]
-ioengine=nbd
-uri=$URI
-rw=randrw
-rwmixread=75
-bs=4k
-iodepth=64
-numjobs=1
-time_based=1
-runtime=$RT
-size=1G
-randrepeat=1
-gtod_reduce=1
-group_reporting=1
-[test]
-J
+fio_job "$W/randrw.fio" ioengine=nbd "uri=$URI" group_reporting=1
 
 declare -A IOPS
 measure() { # name cmd...
-  local name=$1 out pid; shift
-  rm -f "$SOCK"
-  "$@" >/dev/null 2>&1 &
-  pid=$!
-  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+  local name=$1
+  shift
+  start_server "$SOCK" "$@"
   # Fill the disk first, so reads find data as writes would leave it.
   head -c 1G /dev/zero | tr '\0' '\1' | nbdcopy - "$URI"
-  out=$(fio --output-format=terse --terse-version=3 "$W/randrw.fio" 2>/dev/null | tail -n 1)
-  kill $pid; wait $pid 2>/dev/null || true
-  IOPS[$name]=$(awk -F';' '{print $8+$49}' <<<"$out")
+  fio_run "$W/randrw.fio"
+  stop_server
+  IOPS[$name]=$FIO_IOPS
   printf '%-32s %9s IOPS\n' "$name" "${IOPS[$name]}"
 }
 
@@ -63,8 +43,7 @@ RATIOS=()
 for r in $(seq "$ROUNDS"); do
   measure "blockport --plugin memory" "$BP" serve -u "$SOCK" --plugin memory size=1G
   measure "nbdkit memory" nbdkit -f -U "$SOCK" memory size=1G
-  RATIOS+=("$(awk -v a="${IOPS[blockport --plugin memory]}" \
-    -v b="${IOPS[nbdkit memory]}" 'BEGIN { printf "%.2f", a / b }')")
+  RATIOS+=("$(ratio "${IOPS[blockport --plugin memory]}" "${IOPS[nbdkit memory]}")")
 done
 OV=$BUILD/tests/nbdkit-overlap2-plugin.so
 if [ -f "$OV" ]; then

@@ -15,12 +15,12 @@
 set -euo pipefail
 RT=${1:-10}
 BP=$(readlink -f "${2:-$(dirname "$0")/../../build/blockport}")
-W=$(mktemp -d /tmp/qcow2-bench.XXXX)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$W"' EXIT
+source "$(dirname "$0")/lib.sh"
+bench_require fio qemu-nbd qemu-img
+bench_workdir qcow2-bench
 SOCK=$W/s.sock
 URI="nbd+unix:///?socket=$SOCK"
-qemu-img create -f raw "$W/base.raw" 1G >/dev/null
-dd if=/dev/urandom of="$W/base.raw" bs=1M count=1024 conv=notrunc status=none
+random_disk "$W/base.raw" 1024
 qemu-img convert -f raw -O qcow2 "$W/base.raw" "$W/alloc.master"
 
 make_image() { # workload -> path of a fresh image
@@ -37,37 +37,16 @@ make_image() { # workload -> path of a fresh image
   echo "$W/img.qcow2"
 }
 
-jobfile() {
-  local rw=randrw
-  [ "$1" = empty ] || [ "$1" = extl2 ] && rw=randwrite
-  cat >"$W/job.fio" <<J
-[global]
-ioengine=nbd
-uri=$URI
-rw=$rw
-rwmixread=75
-bs=4k
-iodepth=64
-time_based=1
-runtime=$RT
-size=1G
-randrepeat=1
-gtod_reduce=1
-[t]
-J
-}
-
 declare -A IOPS
 measure() { # name workload cmd...
-  local name=$1 w=$2; shift 2
-  rm -f "$SOCK"
-  "$@" >/dev/null 2>&1 &
-  local pid=$!
-  for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
-  jobfile "$w"
-  IOPS[$name,$w]=$(fio --output-format=terse --terse-version=3 "$W/job.fio" 2>/dev/null |
-    tail -n 1 | awk -F';' '{print $8+$49}')
-  kill $pid; wait $pid 2>/dev/null || true
+  local name=$1 w=$2 rw=randrw
+  shift 2
+  [ "$w" = empty ] || [ "$w" = extl2 ] && rw=randwrite
+  fio_job "$W/job.fio" ioengine=nbd "uri=$URI" "rw=$rw"
+  start_server "$SOCK" "$@"
+  fio_run "$W/job.fio"
+  stop_server
+  IOPS[$name,$w]=$FIO_IOPS
   printf '%-14s %-8s %9s IOPS\n' "$name" "$w" "${IOPS[$name,$w]}"
 }
 
@@ -78,7 +57,6 @@ for w in alloc empty overlay extl2; do
 done
 measure blockport raw "$BP" serve --unix "$SOCK" "$W/base.raw"
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
 echo
 echo "alloc:   blockport / qemu-nbd = $(ratio "${IOPS[blockport,alloc]}" "${IOPS[qemu-nbd,alloc]}") (target 2.5)"
 echo "alloc:   blockport qcow2 / blockport raw = $(ratio "${IOPS[blockport,alloc]}" "${IOPS[blockport,raw]}") (target 0.85)"

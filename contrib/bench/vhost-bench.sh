@@ -20,8 +20,9 @@ set -euo pipefail
 RT=${1:-20}
 HERE=$(dirname "$(readlink -f "$0")")
 BP=$(readlink -f "${2:-$HERE/../../build/blockport}")
-W=$(mktemp -d /tmp/vhost-bench.XXXX)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
+source "$HERE/lib.sh"
+bench_require qemu-system-x86_64 qemu-storage-daemon qemu-img fio
+bench_workdir vhost-bench
 
 # The guest: fio and a script that runs it on /dev/vda.
 cat >"$W/run.sh" <<EOF
@@ -34,10 +35,7 @@ EOF
 GUEST_CACHE=${GUEST_CACHE:-/tmp/blockport-guest-cache} \
   "$HERE/../guest/make-guest.sh" "$W/guest" "$(command -v fio)" "$W/run.sh"
 
-qemu-img create -f raw "$W/disk.raw" 1G >/dev/null
-dd if=/dev/urandom of="$W/disk.raw" bs=1M count=1024 conv=notrunc status=none
-
-wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return; sleep 0.05; done; }
+random_disk "$W/disk.raw" 1024
 
 guest() { # DISK-ARGS...: boot, print "read write" IOPS
   timeout $((RT + 120)) qemu-system-x86_64 -accel tcg -m 512 -nographic \
@@ -99,7 +97,6 @@ report qsd "$(guest -chardev socket,id=c0,path="$W/qsd.sock" \
   -device vhost-user-blk-pci,chardev=c0)"
 kill $QSD; wait $QSD 2>/dev/null || true
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
 echo
 echo "vhost / qemu-nbd = $(ratio "${IOPS[vhost]}" "${IOPS[qemu-nbd]}") (target 1.5)"
 echo "vhost / qsd      = $(ratio "${IOPS[vhost]}" "${IOPS[qsd]}") (target 1.0)"
