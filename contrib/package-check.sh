@@ -44,6 +44,12 @@ rm -f "$w/pid"
 pid=$!
 for _ in $(seq 100); do [ -s "$w/pid" ] && break; sleep 0.05; done
 printf '[export more]\npath = null:1M\n' >>"$w/exports.conf"
+# As the units' ExecReload does: check the file, then signal.
+unit=$(dpkg -L blockport | grep '/blockport@\.service$')
+grep -q '^ExecReload=/usr/bin/blockport serve --check-config' "$unit" ||
+  { echo "package-check: the unit does not check before reloading" >&2; exit 1; }
+/usr/bin/blockport serve --check-config --config "$w/exports.conf" | grep -q "export 'more'" ||
+  { echo "package-check: --check-config" >&2; exit 1; }
 kill -HUP "$pid"
 for _ in $(seq 100); do grep -q reloaded "$w/log" && break; sleep 0.05; done
 size=$(nbdinfo --size "nbd+unix:///more?socket=$w/s.sock")

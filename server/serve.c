@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -55,6 +56,7 @@ struct serve_opts {
   int unix_mode;       /* --unix-mode, -1: as the umask makes it */
   const char *metrics; /* --metrics ADDR:PORT */
   const char *config;  /* --config FILE */
+  bool check_config;   /* --check-config: check the exports, then exit */
 };
 
 /* Long options without a short form. */
@@ -69,7 +71,8 @@ enum {
   OPT_IDLE_TIMEOUT,
   OPT_RO_EXPORT,
   OPT_METRICS,
-  OPT_CONFIG
+  OPT_CONFIG,
+  OPT_CHECK_CONFIG
 };
 
 static const char serve_usage[] =
@@ -120,6 +123,12 @@ static const char serve_usage[] =
     "                            own read-only, TLS and allow settings; "
     "SIGHUP\n"
     "                            reads it again (format: docs/CONFIG.md)\n"
+    "      --check-config        check the exports as a start would (the "
+    "file,\n"
+    "                            TLS settings, every image opened "
+    "read-only),\n"
+    "                            print them and exit: 0 good, 2 bad file or\n"
+    "                            options, 1 an image that cannot be opened\n"
     "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
     "and\n"
     "                            TLS clients) or require (no option but "
@@ -579,6 +588,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
       {"metrics", required_argument, NULL, OPT_METRICS},
       {"config", required_argument, NULL, OPT_CONFIG},
+      {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
       {"pid-file", required_argument, NULL, 'P'},
       {"verbose", no_argument, NULL, 'v'},
       LOG_LONGOPTS,
@@ -679,6 +689,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       break;
     }
     case OPT_CONFIG: o->config = optarg; break;
+    case OPT_CHECK_CONFIG: o->check_config = true; break;
     case 'P': o->pid_file = optarg; break;
     case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
     case LOG_OPT_LEVEL:
@@ -705,6 +716,80 @@ bad:
   return -1;
 }
 
+/* One line of --check-config's listing: the export as configured (the
+ * check itself opened every image read-only). */
+static void print_export(const struct export_conf *c,
+                         const struct export_set *s, bool plugin) {
+  int i = exports_find(s, c->name);
+  const struct bd *bd = i >= 0 ? s->v[i].dev->bd : NULL;
+  printf("  export '%s': %s %s, %" PRIu64 " bytes, %s%s%s", c->name,
+         bd ? bd->format : "?", plugin ? "plugin" : c->path, bd ? bd->size : 0,
+         c->readonly ? "read-only" : "writable",
+         c->is_default ? ", default" : "",
+         c->tls_required ? ", TLS required" : "");
+  if (c->nallow)
+    printf(", %zu allow rule%s", c->nallow, c->nallow == 1 ? "" : "s");
+  printf("\n");
+}
+
+/* Load what the exports need before opening them: TLS credentials (an
+ * export may require TLS), and the configuration, from --config or from
+ * the command line's images or plugin.  *PLUGIN is the caller's to free.
+ * Returns 0, or the exit status: 2 for a bad file, 1 otherwise. */
+static int read_exports(struct server *srv, struct serve_opts *o, int argc,
+                        char **argv, struct config *cf, char **plugin) {
+  /* --plugin: one image, the plugin with the arguments as parameters. */
+  if (o->plugin &&
+      !(*plugin = plugin_spec(o->plugin, argv + optind, argc - optind)))
+    return 1;
+  if (srv->tls != HS_TLS_OFF &&
+      !(srv->tls_creds =
+            tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+    return 1;
+  if (o->config
+          ? config_read(o, cf) < 0 || check_config_tls(srv, cf, o->config) < 0
+          : config_from_args(o->plugin ? plugin : argv + optind,
+                             o->plugin ? 1 : argc - optind, o, cf) < 0)
+    return 2;
+  return 0;
+}
+
+/* --check-config: what a start (or a reload) would check about the
+ * exports, without listening: the file, the TLS settings, and every image
+ * opened read-only (a check must never be a second writer of an image the
+ * running server has open).  Prints the exports on stdout.  The exit
+ * status lets `systemctl reload` fail before the server is signalled. */
+static int check_exports(struct server *srv, struct serve_opts *o, int argc,
+                         char **argv) {
+  struct config cf = {0};
+  char *plugin = NULL;
+  int ret = read_exports(srv, o, argc, argv, &cf, &plugin);
+  if (ret == 0) {
+    enum log_level level = log_threshold;
+    if (log_threshold > LOG_LEVEL_WARN)
+      log_threshold = LOG_LEVEL_WARN; /* not the forced read-only opens */
+    bool all_ro = o->readonly;
+    o->readonly = true;
+    ret = exports_open(srv, &cf, o) < 0 ? 1 : 0;
+    o->readonly = all_ro;
+    log_threshold = level;
+  }
+  if (ret == 0) {
+    const char *what = o->config ? o->config : "command line";
+    printf("%s: ok, %zu export%s\n", what, cf.n, cf.n == 1 ? "" : "s");
+    for (size_t i = 0; i < cf.n; i++)
+      print_export(&cf.v[i], srv->current, o->plugin != NULL);
+    if (exports_put(srv, srv->current) < 0)
+      ret = 1;
+  }
+  config_free(&cf);
+  tls_creds_free(srv->tls_creds);
+  free(plugin);
+  free(srv->allow);
+  free(o->ro_exports);
+  return ret;
+}
+
 int serve_main(int argc, char **argv) {
   struct serve_opts o = {.unix_mode = -1};
   struct server srv = {
@@ -717,6 +802,8 @@ int serve_main(int argc, char **argv) {
   };
   if (parse_opts(argc, argv, &o, &srv) < 0)
     return 2;
+  if (o.check_config)
+    return check_exports(&srv, &o, argc, argv);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
   /* Before any thread or plugin exists: children must not inherit
    * LISTEN_*. */
@@ -742,20 +829,10 @@ int serve_main(int argc, char **argv) {
   bool bound_unix = false;
   struct config cf = {0};
   struct metrics_http *mhttp = NULL;
-  /* --plugin: one image, the plugin with the arguments as parameters. */
-  char *plugin =
-      o.plugin ? plugin_spec(o.plugin, argv + optind, argc - optind) : NULL;
-  if (o.plugin && !plugin)
-    goto out;
-  if (srv.tls != HS_TLS_OFF &&
-      !(srv.tls_creds =
-            tls_creds_load(o.tls_certs, o.tls_verify_peer, o.tls_psk)))
-    goto out;
-  if (o.config ? config_read(&o, &cf) < 0 ||
-                     check_config_tls(&srv, &cf, o.config) < 0
-               : config_from_args(o.plugin ? &plugin : argv + optind,
-                                  o.plugin ? 1 : argc - optind, &o, &cf) < 0) {
-    ret = 2;
+  char *plugin = NULL;
+  int r = read_exports(&srv, &o, argc, argv, &cf, &plugin);
+  if (r) {
+    ret = r;
     goto out;
   }
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
