@@ -171,7 +171,12 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   c->tls_wbuf = malloc(TLS_RECORD_MAX);
   if (!c->tls_wbuf)
     return false;
-  c->tls = arm_deadline(c) ? tls_accept(c->srv->tls_creds, c->fd, who) : NULL;
+  /* The credentials of the moment: a reload may swap them meanwhile. */
+  pthread_mutex_lock(&c->srv->lock);
+  struct tls_creds *cr = tls_creds_ref(c->srv->tls_creds);
+  pthread_mutex_unlock(&c->srv->lock);
+  c->tls = arm_deadline(c) ? tls_accept(cr, c->fd, who) : NULL;
+  tls_creds_put(cr);
   if (!c->tls)
     return false;
   hs_tls_started(hs);

@@ -136,8 +136,8 @@ static const char serve_usage[] =
     "                            and STARTTLS answered before TLS)\n"
     "      --tls-certs DIR       X.509: DIR/server-cert.pem, "
     "server-key.pem,\n"
-    "                            ca-cert.pem (as QEMU and nbdkit lay them "
-    "out)\n"
+    "                            ca-cert.pem, ca-crl.pem (as QEMU and nbdkit\n"
+    "                            lay them out); SIGHUP loads them again\n"
     "      --tls-verify-peer     require client certificates signed by "
     "ca-cert.pem\n"
     "      --tls-psk FILE        pre-shared keys: username:hexkey lines "
@@ -263,21 +263,15 @@ static void names_missing(const struct export_set *a,
   }
 }
 
-/* SIGHUP: read the file again; keep serving the old exports unless all of
- * the new ones could be opened. */
-static void reload(struct server *srv, const struct serve_opts *o) {
-  if (!o->config) {
-    log_info("SIGHUP: nothing to reload (no --config)");
-    return;
-  }
-  sd_notify("RELOADING=1\nSTATUS=Reloading the configuration");
+/* SIGHUP, the exports: read the file again; keep serving the old exports
+ * unless all of the new ones could be opened. */
+static bool reload_exports(struct server *srv, const struct serve_opts *o) {
   struct config cf = {0};
   struct export_set *old = exports_get(srv);
-  if (config_read(o, &cf) < 0 || check_config_tls(srv, &cf, o->config) < 0 ||
-      exports_open(srv, &cf, o) < 0) {
-    log_error("reload of %s failed; keeping the current configuration",
-              o->config);
-  } else {
+  bool ok = config_read(o, &cf) == 0 &&
+            check_config_tls(srv, &cf, o->config) == 0 &&
+            exports_open(srv, &cf, o) == 0;
+  if (ok) {
     struct export_set *now = exports_get(srv);
     char added[512], removed[512];
     names_missing(now, old, added, sizeof added);
@@ -289,6 +283,36 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   }
   exports_put(srv, old);
   config_free(&cf);
+  return ok;
+}
+
+/* SIGHUP: the TLS credentials (renewed certificates, a new CRL) and the
+ * config file, all or nothing.  New clients get what was loaded; clients
+ * already connected keep what they negotiated with. */
+static void reload(struct server *srv, const struct serve_opts *o) {
+  if (!o->config && srv->tls == HS_TLS_OFF) {
+    log_info("SIGHUP: nothing to reload (no --config, no TLS)");
+    return;
+  }
+  sd_notify("RELOADING=1\nSTATUS=Reloading the configuration");
+  struct tls_creds *cr = NULL;
+  if (srv->tls != HS_TLS_OFF &&
+      !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+    log_error("reload: TLS credentials cannot be loaded; keeping the "
+              "current ones%s",
+              o->config ? " and the current exports" : "");
+  else if (o->config && !reload_exports(srv, o))
+    log_error("reload of %s failed; keeping the current configuration%s",
+              o->config, cr ? " and TLS credentials" : "");
+  else if (cr) {
+    pthread_mutex_lock(&srv->lock);
+    struct tls_creds *old = srv->tls_creds;
+    srv->tls_creds = tls_creds_ref(cr);
+    pthread_mutex_unlock(&srv->lock);
+    tls_creds_put(old);
+    log_info("reloaded the TLS credentials");
+  }
+  tls_creds_put(cr);
   char msg[200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s",
            srv->current->n, srv->current->n == 1 ? "" : "s");
@@ -783,7 +807,7 @@ static int check_exports(struct server *srv, struct serve_opts *o, int argc,
       ret = 1;
   }
   config_free(&cf);
-  tls_creds_free(srv->tls_creds);
+  tls_creds_put(srv->tls_creds);
   free(plugin);
   free(srv->allow);
   free(o->ro_exports);
@@ -907,7 +931,7 @@ out:
     unlink(o.pid_file);
   if (sfd >= 0)
     close(sfd);
-  tls_creds_free(srv.tls_creds);
+  tls_creds_put(srv.tls_creds);
   free(plugin);
   free(srv.allow);
   free(o.ro_exports);

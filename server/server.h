@@ -29,16 +29,17 @@ struct server {
   struct server_limits limits;
   struct acl_rule *allow; /* --allow: TCP clients admitted, none: all */
   size_t nallow;
-  enum hs_tls tls;             /* --tls */
-  struct tls_creds *tls_creds; /* when tls is not HS_TLS_OFF */
-  struct metrics *metrics;     /* --metrics, NULL: not collected */
+  enum hs_tls tls;         /* --tls */
+  struct metrics *metrics; /* --metrics, NULL: not collected */
 
   pthread_mutex_t lock;
-  struct export_set *current; /* what new clients get (exports.h) */
-  unsigned generation;        /* of current: one more per reload */
-  struct device *devices;     /* images some set uses */
-  pthread_cond_t cond;        /* signalled when a connection ends */
-  struct conn *conns;         /* live connections */
+  struct tls_creds *tls_creds; /* when tls is not HS_TLS_OFF; a reload
+                                * swaps them (tls.h) */
+  struct export_set *current;  /* what new clients get (exports.h) */
+  unsigned generation;         /* of current: one more per reload */
+  struct device *devices;      /* images some set uses */
+  pthread_cond_t cond;         /* signalled when a connection ends */
+  struct conn *conns;          /* live connections */
   unsigned nconns;
   unsigned next_id;
   bool shutting_down;

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <gnutls/gnutls.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +21,23 @@ struct tls_creds {
   gnutls_psk_server_credentials_t psk;
   gnutls_priority_t prio;
   bool verify_peer;
+  atomic_uint refs; /* the server's, and each session's */
 };
 
 struct tls_session {
   gnutls_session_t gs;
+  struct tls_creds *cr; /* GnuTLS uses them for the session's life */
   char who[96];
 };
 
-void tls_creds_free(struct tls_creds *cr) {
-  if (!cr)
+struct tls_creds *tls_creds_ref(struct tls_creds *cr) {
+  if (cr)
+    atomic_fetch_add(&cr->refs, 1);
+  return cr;
+}
+
+void tls_creds_put(struct tls_creds *cr) {
+  if (!cr || atomic_fetch_sub(&cr->refs, 1) != 1)
     return;
   if (cr->x509)
     gnutls_certificate_free_credentials(cr->x509);
@@ -116,6 +125,7 @@ struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
     return NULL;
   }
   cr->verify_peer = verify_peer;
+  atomic_init(&cr->refs, 1);
   const char *err = NULL;
   if ((certs_dir && !load_x509(cr, certs_dir)) ||
       (psk_file && !load_psk(cr, psk_file)))
@@ -128,7 +138,7 @@ struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
   }
   return cr;
 fail:
-  tls_creds_free(cr);
+  tls_creds_put(cr);
   return NULL;
 }
 
@@ -183,6 +193,7 @@ struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who) {
     return NULL;
   }
   snprintf(s->who, sizeof s->who, "%s", who);
+  s->cr = tls_creds_ref(cr);
   int r = setup(cr, s, fd);
   if (r < 0) {
     log_error("%s: cannot set up a TLS session: %s", who, gnutls_strerror(r));
@@ -198,6 +209,7 @@ struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who) {
   }
   if (s->gs)
     gnutls_deinit(s->gs);
+  tls_creds_put(s->cr);
   free(s);
   return NULL;
 }
@@ -240,5 +252,6 @@ void tls_close(struct tls_session *s) {
     return;
   gnutls_bye(s->gs, GNUTLS_SHUT_WR); /* best effort: the peer may be gone */
   gnutls_deinit(s->gs);
+  tls_creds_put(s->cr);
   free(s);
 }

@@ -13,17 +13,24 @@ struct tls_creds;
 struct tls_session;
 
 /* Load X.509 credentials from CERTS_DIR (ca-cert.pem, server-cert.pem,
- * server-key.pem, laid out as QEMU and nbdkit do; with VERIFY_PEER clients
- * must present a certificate signed by ca-cert.pem) and/or PSK keys from
- * PSK_FILE (username:hexkey lines, as psktool writes them).  Either may be
- * NULL, not both.  Returns NULL after logging why. */
+ * server-key.pem and an optional ca-crl.pem, laid out as QEMU and nbdkit
+ * do; with VERIFY_PEER clients must present a certificate signed by
+ * ca-cert.pem) and/or PSK keys from PSK_FILE (username:hexkey lines, as
+ * psktool writes them; GnuTLS reads the file again at each handshake).
+ * Either may be NULL, not both.  Returns them holding one reference, or
+ * NULL after logging why. */
 struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
                                  const char *psk_file);
-void tls_creds_free(struct tls_creds *cr);
+/* References: a reload swaps the server's credentials while sessions
+ * started with the old ones carry on; the last put frees them.  Both
+ * accept NULL. */
+struct tls_creds *tls_creds_ref(struct tls_creds *cr);
+void tls_creds_put(struct tls_creds *cr);
 
-/* Run the TLS handshake as the server on blocking socket FD.  Returns the
- * session, or NULL (logged, naming WHO) when the client failed it: wrong
- * key, untrusted certificate, not TLS at all. */
+/* Run the TLS handshake as the server on blocking socket FD.  The session
+ * holds its own reference to CR.  Returns the session, or NULL (logged, naming
+ * WHO) when the client failed it: wrong key, untrusted certificate, not TLS at
+ * all. */
 struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who);
 
 /* Like recv() and send() on the socket, with errno set on failure (EAGAIN

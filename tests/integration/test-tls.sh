@@ -2,7 +2,8 @@
 # TLS (NBD_OPT_STARTTLS) with pre-shared keys and X.509 certificates:
 # QEMU and libnbd clients, --tls on|require, wrong keys and untrusted
 # certificates refused while the server stays up, nothing of an export in
-# the clear under require, and nbds:// URIs through the NBD source.
+# the clear under require, nbds:// URIs through the NBD source, and SIGHUP
+# reloading the certificates (a CRL, a new CA) for new clients only.
 TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
 source "$TESTS_DIR/lib.sh"
 require psktool certtool nbdinfo qemu-img qemu-io
@@ -428,3 +429,79 @@ print("captured %d bytes, none of them export data" % len(cap))
 EOF
 stop_server
 ok "5 MiB crossed the proxy, all of it encrypted"
+
+check "SIGHUP reloads the X.509 credentials; connected clients keep theirs"
+# bob: a second client of the CA, to be revoked; carol: a client of the CA
+# the server moves to.
+cert bob ca "cn = bob" tls_www_client encryption_key signing_key
+mkdir clibob && cp ca/ca-cert.pem clibob/ && cp bob-cert.pem clibob/client-cert.pem &&
+  cp bob-key.pem clibob/client-key.pem
+ca newca
+cert newserver newca "cn = localhost" "dns_name = localhost" \
+  "ip_address = 127.0.0.1" tls_www_server encryption_key signing_key
+cert carol newca "cn = carol" tls_www_client encryption_key signing_key
+mkdir clicarol && cp newca/ca-cert.pem clicarol/ &&
+  cp carol-cert.pem clicarol/client-cert.pem && cp carol-key.pem clicarol/client-key.pem
+mkdir srv2 && cp ca/ca-cert.pem server-cert.pem server-key.pem srv2/
+start_server --tls require --tls-certs "$T/srv2" --tls-verify-peer memory:16M
+# hup_and_wait N: SIGHUP, then wait for the Nth reload line in the log.
+hup_and_wait() {
+  kill -HUP "$SERVER_PID"
+  for _ in $(seq 200); do
+    (($(grep -c "reloaded the TLS\|credentials cannot be loaded" "$T/server.log") >= $1)) &&
+      return 0
+    sleep 0.05
+  done
+  fail "no reload logged after SIGHUP"
+}
+# bob connects now and stays connected over the reloads.
+"$PY" - "$SOCK" "$T/clibob" "$T/bob.ready" "$T/bob.go" >bob.out 2>&1 <<'EOF' &
+import nbd, os, sys, time
+sock, certs, ready, go = sys.argv[1:]
+h = nbd.NBD()
+h.set_tls(nbd.TLS_REQUIRE)
+h.set_tls_certificates(certs)
+h.connect_unix(sock)
+h.pwrite(b"B" * 4096, 0)
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.05)
+assert h.pread(4096, 0) == b"B" * 4096
+h.shutdown()
+print("bob's connection carried on")
+EOF
+BOB=$!
+for _ in $(seq 200); do [[ -e bob.ready ]] && break; sleep 0.05; done
+[[ -e bob.ready ]] || { cat bob.out; fail "bob did not connect"; }
+# Revoke bob.  Until the reload, the server does not know.
+printf '%s\n' crl_next_update=2 crl_number=1 >crl.info
+certtool --generate-crl --load-ca-privkey ca/ca-key.pem --load-ca-certificate ca/ca-cert.pem \
+  --load-certificate bob-cert.pem --template crl.info --outfile srv2/ca-crl.pem 2>/dev/null
+nbdinfo "$(x509_uri clibob)" >/dev/null || fail "bob refused before the reload"
+hup_and_wait 1
+refused "bob's certificate, revoked by the reloaded CRL" nbdinfo "$(x509_uri clibob)"
+grep -q "client certificate rejected: .*revoked" "$T/server.log" ||
+  fail "bob was not refused as revoked"
+nbdinfo "$(x509_uri cli)" >/dev/null || fail "alice refused after the CRL reload"
+# A key file that cannot be read: the reload is refused, the old
+# credentials (with the CRL) stay.
+cp srv2/server-key.pem key.bak
+: >srv2/server-key.pem
+hup_and_wait 2
+grep -q "TLS credentials cannot be loaded; keeping the current ones" "$T/server.log" ||
+  fail "the failed reload is not logged"
+nbdinfo "$(x509_uri cli)" >/dev/null || fail "alice refused after a failed reload"
+refused "bob after a failed reload" nbdinfo "$(x509_uri clibob)"
+# Move to the new CA: its clients get in, the old CA's do not.
+refused "carol before the move" nbdinfo "$(x509_uri clicarol)"
+cp newca/ca-cert.pem srv2/ca-cert.pem
+cp newserver-cert.pem srv2/server-cert.pem && cp newserver-key.pem srv2/server-key.pem
+rm srv2/ca-crl.pem
+hup_and_wait 3
+nbdinfo "$(x509_uri clicarol)" >/dev/null || fail "carol refused after the move"
+refused "alice after the move to the new CA" nbdinfo "$(x509_uri cli)"
+touch bob.go
+wait "$BOB" || { cat bob.out; fail "bob's connection did not survive the reloads"; }
+cat bob.out
+stop_server
+ok "CRL, failed reload and CA change applied to new clients only"
