@@ -1068,6 +1068,40 @@ static struct nbddev *new_dev(const char *uri) {
   return d;
 }
 
+/* Connect H to URI in the caller's thread, giving up after CONNECT_MAX_MS:
+ * nbd_connect_uri() would wait forever for a server that accepts the
+ * connection and never answers the handshake, and the caller may be a
+ * server opening its exports.  Returns NULL, or why it failed. */
+static const char *connect_within(struct nbd_handle *h, const char *uri) {
+  if (nbd_aio_connect_uri(h, uri) < 0)
+    return nbd_get_error();
+  int64_t deadline = now_ms() + CONNECT_MAX_MS;
+  while (nbd_aio_is_connecting(h) == 1) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) {
+      static _Thread_local char msg[80];
+      snprintf(msg, sizeof msg, "no handshake from the server within %d s",
+               CONNECT_MAX_MS / 1000);
+      return msg;
+    }
+    unsigned dir = nbd_aio_get_direction(h);
+    struct pollfd p = {.fd = nbd_aio_get_fd(h)};
+    if (p.fd < 0)
+      return nbd_get_error();
+    p.events = (dir & LIBNBD_AIO_DIRECTION_READ ? POLLIN : 0) |
+               (dir & LIBNBD_AIO_DIRECTION_WRITE ? POLLOUT : 0);
+    int n = poll(&p, 1, (int)(left < 100 ? left : 100));
+    if (n < 0 && errno != EINTR)
+      return strerror(errno);
+    if (n > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)) &&
+        nbd_aio_notify_read(h) < 0)
+      break;
+    if (n > 0 && (p.revents & POLLOUT) && nbd_aio_notify_write(h) < 0)
+      break;
+  }
+  return nbd_aio_is_ready(h) == 1 ? NULL : nbd_get_error();
+}
+
 /* The first connection, made in the caller's thread so that an error
  * reaches it; it fixes the size and capabilities. */
 static int connect_first(struct nbddev *d) {
@@ -1077,8 +1111,9 @@ static int connect_first(struct nbddev *d) {
     return -1;
   }
   d->conns[0].h = h;
-  if (nbd_connect_uri(h, d->uri) < 0) {
-    bd_set_error("nbd %s: %s", d->uri, nbd_get_error());
+  const char *why = connect_within(h, d->uri);
+  if (why) {
+    bd_set_error("nbd %s: %s", d->uri, why);
     return -1;
   }
   int64_t size = nbd_get_size(h);
@@ -1096,12 +1131,11 @@ static void connect_rest(struct nbddev *d) {
   for (unsigned i = 1; i < d->nconns; i++) {
     struct conn *c = &d->conns[i];
     struct nbd_handle *h = new_handle();
-    const char *why = "cannot create a libnbd handle";
-    if (h && nbd_connect_uri(h, d->uri) < 0)
-      why = nbd_get_error();
-    else if (h && nbd_get_size(h) != (int64_t)d->size)
+    const char *why =
+        h ? connect_within(h, d->uri) : "cannot create a libnbd handle";
+    if (!why && nbd_get_size(h) != (int64_t)d->size)
       why = "the export changed size";
-    else if (h) {
+    if (!why) {
       c->h = h;
       atomic_store(&c->state, C_UP);
       continue;

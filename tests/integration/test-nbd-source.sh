@@ -1,6 +1,7 @@
 #!/bin/bash
 # An NBD URI as a source: blockport serving another blockport's export
-# (and qemu-nbd's), convert and map reading from a URI.
+# (and qemu-nbd's), convert and map reading from a URI; unreachable and
+# silent servers are errors, not hangs.
 source "$(dirname "$0")/lib.sh"
 require qemu-io qemu-img nbdinfo fio
 cd "$T"
@@ -39,3 +40,21 @@ rc=0; "$BLOCKPORT" serve --unix "$T/x.sock" "nbd+unix:///?socket=$T/none.sock" \
 [ $rc -eq 1 ] || fail "exit $rc"
 grep -q "none.sock" err.txt || { cat err.txt; fail "message does not name the URI"; }
 ok "refused"
+
+check "a server that accepts and never answers: an error within the connect timeout"
+# A Unix socket that is listened on but never served: the handshake stalls.
+"$PY" -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+time.sleep(120)' "$T/mute.sock" &
+track_pid $!
+for _ in $(seq 100); do [ -S "$T/mute.sock" ] && break; sleep 0.05; done
+start=$SECONDS
+rc=0; timeout 60 "$BLOCKPORT" serve --unix "$T/x.sock" \
+  "nbd+unix:///?socket=$T/mute.sock" 2>err.txt || rc=$?
+[ $rc -eq 1 ] || { cat err.txt; fail "exit $rc after $((SECONDS - start)) s, expected 1"; }
+grep -q "mute.sock.*no handshake from the server within 10 s" err.txt ||
+  { cat err.txt; fail "no clear message"; }
+ok "gave up after $((SECONDS - start)) s naming the URI"
