@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,6 +320,43 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   sd_notify(msg);
 }
 
+/* Reloads run on their own thread: opening a new export can take a while
+ * (an nbd:// server that is slow to answer), and the accept loop must not
+ * wait for it.  Signals that arrive during a reload ask for one more. */
+struct reloader {
+  struct server *srv;
+  const struct serve_opts *o;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool pending, stop;
+  pthread_t thread;
+};
+
+static void *reload_thread(void *arg) {
+  struct reloader *r = arg;
+  pthread_mutex_lock(&r->lock);
+  for (;;) {
+    while (!r->pending && !r->stop)
+      pthread_cond_wait(&r->cond, &r->lock);
+    if (r->stop)
+      break;
+    r->pending = false;
+    pthread_mutex_unlock(&r->lock);
+    reload(r->srv, r->o);
+    pthread_mutex_lock(&r->lock);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return NULL;
+}
+
+static void reloader_poke(struct reloader *r, bool stop) {
+  pthread_mutex_lock(&r->lock);
+  r->pending |= !stop;
+  r->stop |= stop;
+  pthread_cond_signal(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+}
+
 /* ---- listening ---- */
 
 /* Remove a socket left by a server that is gone; refuse to touch anything
@@ -510,8 +548,8 @@ static bool wait_conns(struct server *srv, int seconds) {
   return done;
 }
 
-static int run(struct server *srv, const struct serve_opts *o, int *lfds,
-               int nl, int sfd) {
+static int run(struct server *srv, struct reloader *rl, int *lfds, int nl,
+               int sfd) {
   struct pollfd p[MAX_LISTENERS + 1];
   for (int i = 0; i < nl; i++)
     p[i] = (struct pollfd){.fd = lfds[i], .events = POLLIN};
@@ -528,7 +566,7 @@ static int run(struct server *srv, const struct serve_opts *o, int *lfds,
       if (read(sfd, &si, sizeof si) != sizeof si)
         continue;
       if (si.ssi_signo == SIGHUP) {
-        reload(srv, o);
+        reloader_poke(rl, false);
         continue;
       }
       log_info("signal %u: shutting down", si.ssi_signo);
@@ -897,8 +935,20 @@ int serve_main(int argc, char **argv) {
   log_info("ready%s: %s", activated ? " (socket-activated)" : "", where);
   notify_ready(&srv, where);
 
-  ret = run(&srv, &o, lfds, nl, sfd) < 0 ? 1 : 0;
+  struct reloader rl = {.srv = &srv,
+                        .o = &o,
+                        .lock = PTHREAD_MUTEX_INITIALIZER,
+                        .cond = PTHREAD_COND_INITIALIZER};
+  if (pthread_create(&rl.thread, NULL, reload_thread, &rl) != 0) {
+    log_error("cannot start the reload thread");
+    goto out;
+  }
+  pthread_setname_np(rl.thread, "bp-reload");
+  ret = run(&srv, &rl, lfds, nl, sfd) < 0 ? 1 : 0;
   sd_notify("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
+  /* A reload under way finishes first (opening images is bounded). */
+  reloader_poke(&rl, true);
+  pthread_join(rl.thread, NULL);
 
   /* Stop accepting, let requests in flight finish (later ones get
    * ESHUTDOWN, so clients know they were not executed), then flush. */

@@ -4,7 +4,8 @@
 # be used are refused with the line and the reason; SIGHUP reloads it (new
 # exports appear, removed ones refuse new clients while a connected client
 # carries on, an invalid file or a missing image keeps the old
-# configuration); one image named by two exports is opened once.
+# configuration, a slow one does not hold up new clients); one image named
+# by two exports is opened once; --check-config.
 TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
 source "$TESTS_DIR/lib.sh"
 require nbdinfo qemu-img qemu-io psktool
@@ -320,6 +321,30 @@ for _ in $(seq 100); do (($(grep -c "keeping the current" "$LOG") > n)) && break
 grep -q "nope.qcow2" "$LOG" || fail "the missing image is not named"
 run nbdinfo --size "$(export_uri golden)" >/dev/null || fail "golden gone after a failed reload"
 ok "refused; golden still served"
+
+check "a reload waiting on a silent nbd:// server does not hold up new clients"
+# A socket listened on and never answered: opening it takes the whole
+# connect timeout (10 s).
+"$PY" -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+time.sleep(120)' "$T/mute.sock" &
+track_pid $!
+for _ in $(seq 100); do [ -S "$T/mute.sock" ] && break; sleep 0.05; done
+n=$(grep -c "keeping the current configuration" "$LOG")
+printf '[export slow]\npath = nbd+unix:///?socket=%s/mute.sock\n' "$T" >exports.conf
+kill -HUP "$SERVER_PID"
+sleep 0.5
+timeout 5 nbdinfo --size "$(export_uri golden)" >/dev/null ||
+  fail "a new client waited for the reload"
+(($(grep -c "keeping the current configuration" "$LOG") == n)) ||
+  fail "the reload was over before the client came: nothing was shown"
+for _ in $(seq 200); do (($(grep -c "keeping the current" "$LOG") > n)) && break; sleep 0.1; done
+(($(grep -c "keeping the current" "$LOG") > n)) || fail "the reload never gave up"
+grep -q "mute.sock.*no handshake from the server" "$LOG" || fail "the reason is not logged"
+ok "a client served during the reload; the reload gave up and changed nothing"
 
 check "read-only to writable while a reader is connected waits for it"
 cat >exports.conf <<'EOF'
