@@ -370,3 +370,18 @@ EOF
     (cd "$T" && run fio --output="$T/fio.out" "$T/verify.fio") ||
         { cat "$T/fio.out"; fail "fio verify on $1"; }
 }
+
+# mute_server SOCKET: a Unix socket that is listened on and never served,
+# as a server that accepts and then says nothing (stopped at cleanup).
+mute_server() {
+    "$PY" -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+time.sleep(600)' "$1" &
+    track_pid $!
+    local _
+    for _ in $(seq 100); do [[ -S $1 ]] && return 0; sleep 0.05; done
+    fail "mute_server: no socket at $1"
+}

@@ -325,14 +325,7 @@ ok "refused; golden still served"
 check "a reload waiting on a silent nbd:// server does not hold up new clients"
 # A socket listened on and never answered: opening it takes the whole
 # connect timeout (10 s).
-"$PY" -c '
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.bind(sys.argv[1])
-s.listen(8)
-time.sleep(120)' "$T/mute.sock" &
-track_pid $!
-for _ in $(seq 100); do [ -S "$T/mute.sock" ] && break; sleep 0.05; done
+mute_server "$T/mute.sock"
 n=$(grep -c "keeping the current configuration" "$LOG")
 printf '[export slow]\npath = nbd+unix:///?socket=%s/mute.sock\n' "$T" >exports.conf
 kill -HUP "$SERVER_PID"

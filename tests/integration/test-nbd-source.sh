@@ -43,14 +43,7 @@ ok "refused"
 
 check "a server that accepts and never answers: an error within the connect timeout"
 # A Unix socket that is listened on but never served: the handshake stalls.
-"$PY" -c '
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.bind(sys.argv[1])
-s.listen(8)
-time.sleep(120)' "$T/mute.sock" &
-track_pid $!
-for _ in $(seq 100); do [ -S "$T/mute.sock" ] && break; sleep 0.05; done
+mute_server "$T/mute.sock"
 start=$SECONDS
 rc=0; timeout 60 "$BLOCKPORT" serve --unix "$T/x.sock" \
   "nbd+unix:///?socket=$T/mute.sock" 2>err.txt || rc=$?
