@@ -18,6 +18,7 @@ PACKAGES=(
   help2man                                # man pages from each command's --help
   gnutls-bin                              # psktool, certtool: keys for the TLS tests
   systemd                                 # systemd-socket-activate: socket activation tests
+  strace                                  # test-config.sh: --check-config opens images read-only
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
