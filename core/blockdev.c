@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "../formats/formats.h"
+#include "../formats/probe.h"
 #include "pool.h"
 
 /* ---- errors ---- */
@@ -153,20 +154,42 @@ struct bd_caps bd_caps_full(void) {
                           .max_block = BD_MAX_IO};
 }
 
-/* Content probe: the magic numbers of the formats we know. */
 const char *bd_probe_format(const char *path) {
-  unsigned char magic[4] = {0};
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return "raw"; /* the open that follows reports the error */
-  size_t n = fread(magic, 1, sizeof magic, f);
-  fclose(f);
-  if (n == 4 && memcmp(magic, "QFI\xfb", 4) == 0)
-    return "qcow2";
-  return "raw";
+  const char *fmt = "raw";
+  return probe_file(path, &fmt) == 0 ? fmt : "raw";
+}
+
+/* An image file, in FORMAT or the one its content shows. */
+static struct bd *open_file(const char *path, const char *format,
+                            unsigned flags) {
+  if (!format) {
+    if (probe_file(path, &format) < 0)
+      return NULL;
+    if (!probe_supported(format)) {
+      probe_set_unsupported_error(path, format);
+      return NULL;
+    }
+    flags |= BD_OPEN_PROBED;
+  }
+  if (!strcmp(format, "raw"))
+    return raw_open(path, flags);
+  if (!strcmp(format, "qcow2"))
+    return qcow2_open(path, flags);
+  if (!strcmp(format, "null") || !strcmp(format, "memory"))
+    bd_set_error("format '%s' takes a size: use %s:SIZE", format, format);
+  else
+    bd_set_error("unknown format '%s'", format);
+  return NULL;
 }
 
 struct bd *bd_open(const char *spec, const char *format, bool readonly) {
+  return bd_open_flags(spec, format, readonly ? BD_OPEN_READONLY : 0);
+}
+
+struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags) {
+  if (flags & BD_OPEN_SHARE)
+    flags |= BD_OPEN_READONLY;
+  bool readonly = flags & BD_OPEN_READONLY;
   errbuf[0] = 0;
   struct bd *bd = NULL;
   /* null:SIZE and memory:SIZE name devices, whatever --format says; a file
@@ -179,17 +202,8 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
     bd = nbd_source_open(spec, readonly);
   else if (plugin_is_spec(spec))
     bd = plugin_source_open(spec, readonly);
-  else {
-    const char *fmt = format ? format : bd_probe_format(spec);
-    if (!strcmp(fmt, "raw"))
-      bd = raw_open(spec, readonly);
-    else if (!strcmp(fmt, "null") || !strcmp(fmt, "memory"))
-      bd_set_error("format '%s' takes a size: use %s:SIZE", fmt, fmt);
-    else if (!strcmp(fmt, "qcow2"))
-      bd = qcow2_open(spec, readonly);
-    else
-      bd_set_error("unknown format '%s'", fmt);
-  }
+  else
+    bd = open_file(spec, format, flags);
   if (bd && readonly)
     bd->caps.readonly = true;
   return bd;
@@ -214,6 +228,11 @@ static int final_flush(struct bd *bd) {
   int r = bd->ops->flush(bd);
   cur_conn = saved;
   return r;
+}
+
+void bd_hold_locks(struct bd *bd, bool hold) {
+  if (bd->ops->hold_locks)
+    bd->ops->hold_locks(bd, hold);
 }
 
 int bd_close(struct bd *bd) {

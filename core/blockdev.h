@@ -166,6 +166,10 @@ struct bd_ops {
   /* Optional: the export names the source offers (NBD_OPT_LIST), with
    * descriptions (NULL for none).  Returns 0 or -errno. */
   int (*list_exports)(struct bd *bd, bool readonly, struct bd_export_list *l);
+  /* Optional, sources on files: drop (HOLD false) or take back (HOLD true,
+   * without testing others) the image locks of the files (see
+   * bd_hold_locks()). */
+  void (*hold_locks)(struct bd *bd, bool hold);
 };
 
 /* A list of exports, from bd_list_exports(). */
@@ -212,14 +216,36 @@ struct bd_req {
   struct bd_req *next;  /* queue link, owned by the core while in flight */
 };
 
-/* The format of the image at PATH by its content: "qcow2" or "raw". */
+/* The format of the image at PATH by its content (formats/probe.h):
+ * "qcow2", "raw", or the name of a format blockport does not support.
+ * "raw" when the file cannot be read (opening it then reports why). */
 const char *bd_probe_format(const char *path);
 
+/* How bd_open_flags() opens a source. */
+enum {
+  BD_OPEN_READONLY = 1u << 0,
+  /* -U / force-share: read-only, and lock nobody out: the image may be in
+   * use by a writer (core/filelock.h). */
+  BD_OPEN_SHARE = 1u << 1,
+  /* The format was guessed by probing: a writable raw image then refuses
+   * writes that would make the next probe find another format. */
+  BD_OPEN_PROBED = 1u << 2,
+};
+
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE".  FORMAT is NULL
- * to probe by content.  Returns NULL with a message in bd_errmsg(). */
+ * to probe by content.  Image files are locked as QEMU locks them (a busy
+ * image is refused); formats blockport does not support are refused by
+ * name.  Returns NULL with a message in bd_errmsg(). */
+struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
+/* bd_open_flags() with BD_OPEN_READONLY when READONLY. */
 struct bd *bd_open(const char *spec, const char *format, bool readonly);
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);
+/* A process replacing an idle BD by another opening of the same image
+ * (say, read-only by writable, on a server's reload) drops BD's image
+ * locks first, which would refuse the new opening, and takes them back if
+ * the replacement fails.  Sources without files ignore it. */
+void bd_hold_locks(struct bd *bd, bool hold);
 
 /* Allocation for sources: a bd with ops set and everything else default. */
 struct bd *bd_new(const struct bd_ops *ops, const char *format,

@@ -8,7 +8,8 @@
 
 struct bd;
 
-struct bd *raw_open(const char *path, bool readonly);
+/* FLAGS: BD_OPEN_* (core/blockdev.h). */
+struct bd *raw_open(const char *path, unsigned flags);
 struct bd *null_open(const char *size);
 struct bd *memory_open(const char *size);
 /* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd. */
@@ -36,7 +37,7 @@ struct bd *plugin_source_open(const char *spec, bool readonly);
  * loads.  ARG must outlive the load.  Returns 0 or -EINVAL (message in
  * bd_errmsg()). */
 int plugin_add_debug_flag(const char *arg);
-struct bd *qcow2_open(const char *path, bool readonly);
+struct bd *qcow2_open(const char *path, unsigned flags);
 /* L2 cache of each qcow2 image opened from now on, in bytes. */
 extern uint64_t qcow2_l2_cache_bytes;
 

@@ -2,11 +2,16 @@
  *
  * Data goes through pread/pwrite (restarted on EINTR and short transfers),
  * flush and FUA through fdatasync, trim and zero through fallocate, and
- * block status through SEEK_DATA/SEEK_HOLE. */
+ * block status through SEEK_DATA/SEEK_HOLE.  The file is locked as QEMU
+ * locks it (core/filelock.h).  A raw format guessed by probing guards its
+ * first sector: a write, zero or trim there that would make the next probe
+ * find another format (a guest writing a qcow2 header that names a host
+ * file as its backing file) fails with EPERM, as in QEMU. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,14 +22,20 @@
 
 #include "../core/blockdev.h"
 #include "../core/fault.h"
+#include "../core/filelock.h"
 #include "../core/io.h"
+#include "../core/log.h"
 #include "formats.h"
+#include "probe.h"
 
 struct rawdev {
   int fd;
   bool is_block;
   bool can_punch, can_zero_range; /* cleared once the kernel says no */
   atomic_bool nowait_writes;      /* cleared if RWF_NOWAIT writes fail */
+  bool guard_head;                /* probed as raw: guard the first sector */
+  enum filelock_use lock;         /* how the file is locked */
+  pthread_mutex_t head_lock;      /* one guarded change at a time */
 };
 
 static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
@@ -156,6 +167,78 @@ static int raw_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   return (flags & BD_F_FUA) ? raw_flush(bd) : 0;
 }
 
+/* ---- the first sector of a probed raw image ---- */
+
+enum head_op { HEAD_WRITE, HEAD_ZERO, HEAD_TRIM };
+
+static bool touches_head(const struct rawdev *r, uint64_t off) {
+  return r->guard_head && off < PROBE_HEAD;
+}
+
+/* Would the first sector, changed by writing BUF (or zeroes when BUF is
+ * NULL) over [OFF, OFF + LEN), still probe as raw?  Called with head_lock
+ * held, so two changes cannot each pass and together form a header. */
+static int head_stays_raw(struct bd *bd, const void *buf, uint64_t len,
+                          uint64_t off) {
+  uint8_t head[PROBE_HEAD];
+  size_t n = bd->size < PROBE_HEAD ? (size_t)bd->size : PROBE_HEAD;
+  int e = raw_pread(bd, head, n, 0);
+  if (e < 0)
+    return e;
+  size_t k = len < n - off ? (size_t)len : n - (size_t)off;
+  if (buf)
+    memcpy(head + off, buf, k);
+  else
+    memset(head + off, 0, k);
+  const char *fmt = probe_format(head, n, NULL);
+  if (strcmp(fmt, "raw") == 0)
+    return 0;
+  bd_set_error("raw: refusing a write to the first sector that would make "
+               "the image probe as %s (the format was guessed; give "
+               "--format raw to allow it)",
+               fmt);
+  return -EPERM;
+}
+
+static int raw_change(struct bd *bd, enum head_op op, const void *buf,
+                      uint64_t len, uint64_t off, uint32_t flags) {
+  switch (op) {
+  case HEAD_WRITE: return raw_pwrite(bd, buf, len, off, flags);
+  case HEAD_ZERO: return raw_zero(bd, len, off, flags);
+  default: return raw_trim(bd, len, off, flags);
+  }
+}
+
+/* Every change goes through here; only those reaching the first sector of
+ * a probed image pay for the check. */
+static int guarded(struct bd *bd, enum head_op op, const void *buf,
+                   uint64_t len, uint64_t off, uint32_t flags) {
+  struct rawdev *r = bd->priv;
+  if (!touches_head(r, off))
+    return raw_change(bd, op, buf, len, off, flags);
+  pthread_mutex_lock(&r->head_lock);
+  int e = head_stays_raw(bd, op == HEAD_WRITE ? buf : NULL, len, off);
+  if (e == 0)
+    e = raw_change(bd, op, buf, len, off, flags);
+  pthread_mutex_unlock(&r->head_lock);
+  return e;
+}
+
+static int raw_pwrite_guarded(struct bd *bd, const void *buf, uint64_t len,
+                              uint64_t off, uint32_t flags) {
+  return guarded(bd, HEAD_WRITE, buf, len, off, flags);
+}
+
+static int raw_zero_guarded(struct bd *bd, uint64_t len, uint64_t off,
+                            uint32_t flags) {
+  return guarded(bd, HEAD_ZERO, NULL, len, off, flags);
+}
+
+static int raw_trim_guarded(struct bd *bd, uint64_t len, uint64_t off,
+                            uint32_t flags) {
+  return guarded(bd, HEAD_TRIM, NULL, len, off, flags);
+}
+
 static int raw_cache(struct bd *bd, uint64_t len, uint64_t off) {
   struct rawdev *r = bd->priv;
   int e = posix_fadvise(r->fd, (off_t)off, (off_t)len, POSIX_FADV_WILLNEED);
@@ -212,6 +295,8 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
   ssize_t n;
   if (fault_active())
     return -EAGAIN; /* the pool path checks for injected faults */
+  if (req->cmd != BD_READ && touches_head(r, req->offset))
+    return -EAGAIN; /* the guard reads and may wait */
   if (req->cmd == BD_READ) {
     n = preadv2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
   } else if (atomic_load_explicit(&r->nowait_writes, memory_order_relaxed)) {
@@ -229,24 +314,41 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
 
 static void raw_close(struct bd *bd) {
   struct rawdev *r = bd->priv;
-  close(r->fd);
+  close(r->fd); /* releases the locks */
+  pthread_mutex_destroy(&r->head_lock);
   free(r);
+}
+
+static void raw_hold_locks(struct bd *bd, bool hold) {
+  struct rawdev *r = bd->priv;
+  if (hold)
+    filelock_retake(r->fd, r->lock, false);
+  else
+    filelock_release(r->fd);
 }
 
 static const struct bd_ops raw_ops = {
     .name = "raw",
     .pread = raw_pread,
-    .pwrite = raw_pwrite,
+    .pwrite = raw_pwrite_guarded,
     .flush = raw_flush,
-    .trim = raw_trim,
-    .zero = raw_zero,
+    .trim = raw_trim_guarded,
+    .zero = raw_zero_guarded,
     .cache = raw_cache,
     .extents = raw_extents,
     .try_nowait = raw_try_nowait,
     .close = raw_close,
+    .hold_locks = raw_hold_locks,
 };
 
-struct bd *raw_open(const char *path, bool readonly) {
+static enum filelock_use lock_use(unsigned flags) {
+  if (flags & BD_OPEN_SHARE)
+    return FILELOCK_USE_SHARED;
+  return flags & BD_OPEN_READONLY ? FILELOCK_USE_READ : FILELOCK_USE_WRITE;
+}
+
+struct bd *raw_open(const char *path, unsigned flags) {
+  bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
   int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd < 0) {
     bd_set_error("%s: %s", path, strerror(errno));
@@ -261,6 +363,11 @@ struct bd *raw_open(const char *path, bool readonly) {
     close(fd);
     return NULL;
   }
+  enum filelock_use lock = lock_use(flags);
+  if (filelock_take(fd, path, lock, false) < 0) {
+    close(fd);
+    return NULL;
+  }
   struct rawdev *r = calloc(1, sizeof *r);
   struct bd *bd = r ? bd_new(&raw_ops, "raw", path) : NULL;
   if (!bd) {
@@ -270,9 +377,17 @@ struct bd *raw_open(const char *path, bool readonly) {
     return NULL;
   }
   r->fd = fd;
+  r->lock = lock;
   r->is_block = S_ISBLK(st.st_mode);
   r->can_punch = r->can_zero_range = true;
   atomic_init(&r->nowait_writes, true);
+  pthread_mutex_init(&r->head_lock, NULL);
+  r->guard_head = !readonly && (flags & BD_OPEN_PROBED);
+  if (r->guard_head)
+    log_warn("%s: the image format was not given and probing guessed raw; "
+             "writes that would change what a probe finds in its first "
+             "sector are refused (give --format raw to remove the guard)",
+             path);
   bd->priv = r;
   bd->size = (uint64_t)size;
   bd->exec = BD_EXEC_POOL;

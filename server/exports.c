@@ -76,6 +76,10 @@ struct build {
   char **keys; /* device_key() of each cf->v[i] */
   char *err;
   size_t errlen;
+  /* Idle devices being replaced by another opening of their image: their
+   * image locks are dropped meanwhile, and taken back if the build fails. */
+  struct device **replaced;
+  size_t nreplaced;
 };
 
 __attribute__((format(printf, 3, 4))) static int
@@ -112,7 +116,7 @@ static bool key_needs_rw(const struct build *b, const char *key) {
  * way that conflicts with it. */
 static int reuse_device(struct build *b, const struct export_conf *c,
                         const char *key, const char *fmt, bool rw,
-                        struct device **out) {
+                        struct device **out, struct device **replace) {
   struct server *srv = b->srv;
   pthread_mutex_lock(&srv->lock);
   struct device *d = device_find(srv, key);
@@ -123,6 +127,7 @@ static int reuse_device(struct build *b, const struct export_conf *c,
     d->users++;
   pthread_mutex_unlock(&srv->lock);
   *out = d && !other_fmt && !need_rw ? d : NULL;
+  *replace = d && !busy && (other_fmt || need_rw) ? d : NULL;
   if (busy && other_fmt)
     return fail(b, c, "%s is open as %s for connected clients", c->path,
                 d->bd->format);
@@ -134,18 +139,37 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   return 0;
 }
 
+/* OLD's image is opened again: drop its locks, which would refuse the
+ * new opening, until the build ends (see exports_build()). */
+static bool remember_replaced(struct build *b, struct device *old) {
+  struct device **v = realloc(b->replaced, (b->nreplaced + 1) * sizeof *v);
+  if (!v)
+    return false;
+  b->replaced = v;
+  v[b->nreplaced++] = old;
+  bd_hold_locks(old->bd, false);
+  return true;
+}
+
 static int attach_device(struct build *b, size_t i, struct export *e) {
   const struct export_conf *c = &b->cf->v[i];
   const char *fmt = c->format ? c->format : b->o->format;
   bool rw = key_needs_rw(b, b->keys[i]);
-  if (reuse_device(b, c, b->keys[i], fmt, rw, &e->dev) < 0)
+  struct device *old;
+  if (reuse_device(b, c, b->keys[i], fmt, rw, &e->dev, &old) < 0)
     return -1;
   if (e->dev)
     return 0;
   struct device *d = calloc(1, sizeof *d);
   if (!d)
     return fail(b, c, "out of memory");
-  d->bd = bd_open(c->path, fmt, !rw);
+  if (old && !remember_replaced(b, old)) {
+    free(d);
+    return fail(b, c, "out of memory");
+  }
+  d->bd = bd_open_flags(c->path, fmt,
+                        (rw ? 0 : BD_OPEN_READONLY) |
+                            (b->o->share && !rw ? BD_OPEN_SHARE : 0));
   d->key = strdup(b->keys[i]);
   d->spec = strdup(c->path);
   if (!d->bd || !d->key || !d->spec) {
@@ -333,18 +357,20 @@ struct export_set *exports_build(struct server *srv, const struct config *cf,
                                  const struct exports_opts *o, char *err,
                                  size_t errlen) {
   struct export_set *s = calloc(1, sizeof *s);
-  struct build b = {srv, cf, o, s, NULL, err, errlen};
+  struct build b = {srv, cf, o, s, NULL, err, errlen, NULL, 0};
   if (!s || cf->n == 0) {
     snprintf(err, errlen, "%s", s ? "no exports" : "out of memory");
     free(s);
     return NULL;
   }
   s->refs = 1;
-  if (build_all(&b) < 0) {
-    set_free(srv, s);
-    return NULL;
-  }
-  return s;
+  int r = build_all(&b);
+  if (r < 0)
+    set_free(srv, s); /* closes the new openings, dropping their locks */
+  for (size_t i = 0; r < 0 && i < b.nreplaced; i++)
+    bd_hold_locks(b.replaced[i]->bd, true);
+  free(b.replaced);
+  return r < 0 ? NULL : s;
 }
 
 /* ---- the current set ---- */

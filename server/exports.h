@@ -56,6 +56,7 @@ struct export_set {
 struct exports_opts {
   const char *format; /* -f: for exports that name none */
   bool readonly;      /* -r: every export */
+  bool share;         /* -U: images opened read-only lock no writer out */
   bool plugin;        /* v[0] is an nbdkit plugin: add the exports it lists */
   const char *file;   /* the config file, for messages; NULL: command line */
 };

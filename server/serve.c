@@ -48,6 +48,7 @@ struct serve_opts {
   const char *format;
   const char *plugin; /* --plugin: the arguments are its parameters */
   bool readonly;
+  bool force_share;  /* -U: with --readonly, share images with writers */
   char **ro_exports; /* --readonly-export NAME */
   size_t n_ro_exports;
   unsigned workers;
@@ -96,6 +97,8 @@ static const char serve_usage[] =
     "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
     "all)\n"
     "  -r, --readonly            refuse writes on every export\n"
+    "  -U, --force-share         with --readonly: open images that another\n"
+    "                            process writes (qemu-img's -U)\n"
     "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
     "                            more; \"\" is the default export)\n"
     "  -f, --format FMT          image format instead of probing: raw, qcow2\n"
@@ -223,6 +226,7 @@ static int exports_open(struct server *srv, const struct config *cf,
                         const struct serve_opts *o) {
   struct exports_opts eo = {.format = o->format,
                             .readonly = o->readonly,
+                            .share = o->force_share,
                             .plugin = o->plugin != NULL,
                             .file = o->config};
   char err[1024];
@@ -630,6 +634,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {"port", required_argument, NULL, 'p'},
       {"bind", required_argument, NULL, 'b'},
       {"readonly", no_argument, NULL, 'r'},
+      {"force-share", no_argument, NULL, 'U'},
       {"format", required_argument, NULL, 'f'},
       {"workers", required_argument, NULL, 'w'},
       {"max-connections", required_argument, NULL, 'c'},
@@ -658,7 +663,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       {0, 0, 0, 0}};
   int ch;
   unsigned port, secs;
-  while ((ch = getopt_long(argc, argv, "u:p:b:rf:w:c:D:P:vh", longopts,
+  while ((ch = getopt_long(argc, argv, "u:p:b:rUf:w:c:D:P:vh", longopts,
                            NULL)) != -1) {
     switch (ch) {
     case 'u': o->unix_path = optarg; break;
@@ -669,6 +674,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       break;
     case 'b': o->bind_addr = optarg; break;
     case 'r': o->readonly = true; break;
+    case 'U': o->force_share = true; break;
     case 'f': o->format = optarg; break;
     case 'w':
       if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
@@ -768,6 +774,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
                     "--plugin\n");
     return -1;
   }
+  if (o->force_share && !o->readonly) {
+    fprintf(stderr, "blockport serve: --force-share needs --readonly (a "
+                    "writer cannot share the image)\n");
+    return -1;
+  }
   if (optind >= argc && !o->plugin && !o->config) {
     fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
     return -1;
@@ -830,10 +841,11 @@ static int check_exports(struct server *srv, struct serve_opts *o, int argc,
     enum log_level level = log_threshold;
     if (log_threshold > LOG_LEVEL_WARN)
       log_threshold = LOG_LEVEL_WARN; /* not the forced read-only opens */
-    bool all_ro = o->readonly;
-    o->readonly = true;
+    bool all_ro = o->readonly, share = o->force_share;
+    o->readonly = o->force_share = true; /* never in the server's way */
     ret = exports_open(srv, &cf, o) < 0 ? 1 : 0;
     o->readonly = all_ro;
+    o->force_share = share;
     log_threshold = level;
   }
   if (ret == 0) {

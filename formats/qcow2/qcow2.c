@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../../core/blockdev.h"
+#include "../../core/filelock.h"
 #include "../../core/io.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
@@ -406,6 +407,8 @@ static void q_close(struct bd *bd) {
   free(q);
 }
 
+static void q_hold_locks(struct bd *bd, bool hold);
+
 static const struct bd_ops qcow2_ops = {
     .name = "qcow2",
     .pread = q_pread,
@@ -416,6 +419,7 @@ static const struct bd_ops qcow2_ops = {
     .try_nowait = q_try_nowait,
     .extents = q_extents,
     .close = q_close,
+    .hold_locks = q_hold_locks,
 };
 
 /* ---- opening ---- */
@@ -429,7 +433,7 @@ struct chain {
   unsigned depth;
 };
 
-static struct bd *qcow2_open_chain(const char *path, bool readonly,
+static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain);
 
 /* NAME relative to the directory of the image at PATH, as QEMU does. */
@@ -465,11 +469,14 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   }
   const char *fmt =
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
+  /* Read-only, and locked as QEMU locks a backing file: shared with other
+   * readers, refusing writers. */
+  unsigned flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
   struct bd *b = NULL;
   if (!strcmp(fmt, "qcow2"))
-    b = qcow2_open_chain(bpath, true, chain);
+    b = qcow2_open_chain(bpath, flags, chain);
   else if (!strcmp(fmt, "raw"))
-    b = raw_open(bpath, true);
+    b = raw_open(bpath, flags);
   else
     bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
                  fmt);
@@ -477,6 +484,32 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
     log_error("qcow2 %s: cannot open backing file %s", q->path, bpath);
   free(bpath);
   return b;
+}
+
+/* How the image and its data file are locked (core/filelock.h): as they
+ * were opened, read-only or not. */
+static enum filelock_use lock_use(int fd, bool share) {
+  if (share)
+    return FILELOCK_USE_SHARED;
+  bool ro = (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY;
+  return ro ? FILELOCK_USE_READ : FILELOCK_USE_WRITE;
+}
+
+static int lock_file(int fd, const char *path, bool share) {
+  return filelock_take(fd, path, lock_use(fd, share), true);
+}
+
+static void q_hold_locks(struct bd *bd, bool hold) {
+  struct qcow2dev *q = bd->priv;
+  for (int i = 0; i < 2; i++) {
+    int fd = i == 0 ? q->fd : q->data_fd;
+    if (i == 1 && fd == q->fd)
+      break;
+    if (hold)
+      filelock_retake(fd, lock_use(fd, q->share), true);
+    else
+      filelock_release(fd);
+  }
 }
 
 static int open_data_file(struct qcow2dev *q) {
@@ -497,6 +530,14 @@ static int open_data_file(struct qcow2dev *q) {
                  strerror(errno));
     free(dpath);
     return -EIO;
+  }
+  /* Locked as the image is: a data file is the guest's data. */
+  int r = lock_file(q->data_fd, dpath, q->share);
+  if (r < 0) {
+    close(q->data_fd);
+    q->data_fd = q->fd;
+    free(dpath);
+    return r;
   }
   free(dpath);
   off_t sz = lseek(q->data_fd, 0, SEEK_END);
@@ -585,8 +626,9 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
   return r;
 }
 
-static struct bd *qcow2_open_chain(const char *path, bool readonly,
+static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain) {
+  bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
   struct qcow2dev *q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
@@ -594,9 +636,13 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   q->data_fd = -1;
+  q->share = flags & BD_OPEN_SHARE;
   q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
-  if (q->fd < 0) {
-    bd_set_error("%s: %s", path, strerror(errno));
+  if (q->fd < 0 || lock_file(q->fd, path, q->share) < 0) {
+    if (q->fd < 0)
+      bd_set_error("%s: %s", path, strerror(errno));
+    else
+      close(q->fd);
     free(q->path);
     free(q);
     return NULL;
@@ -618,6 +664,6 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
   return bd;
 }
 
-struct bd *qcow2_open(const char *path, bool readonly) {
-  return qcow2_open_chain(path, readonly, NULL);
+struct bd *qcow2_open(const char *path, unsigned flags) {
+  return qcow2_open_chain(path, flags, NULL);
 }

@@ -78,7 +78,7 @@ unmount() {
 
 # allocated IMAGE: bytes qemu-img map reports as data.
 allocated() {
-    qemu-img map --output=json "$1" | "$PY" -c '
+    qemu-img map -U --output=json "$1" | "$PY" -c '
 import json, sys
 print(sum(e["length"] for e in json.load(sys.stdin) if e["data"]))'
 }
@@ -159,7 +159,7 @@ assert os.lseek(fd, 9 * M, os.SEEK_DATA) == 9 * M, "SEEK_DATA in data"
 EOF
 sync mnt/vm
 unmount mnt SIGINT
-qemu-img map --output=json vm.qcow2 | "$PY" -c '
+qemu-img map -U --output=json vm.qcow2 | "$PY" -c '
 import json, sys
 M = 1 << 20
 for e in json.load(sys.stdin):

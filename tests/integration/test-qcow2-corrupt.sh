@@ -432,7 +432,7 @@ try_serve "$img" --readonly
 mk version-4; qpatch "$img" hdr 4 I 4
 expect_refused "version 4" 'version' "$img" --readonly
 mk version-1; qpatch "$img" hdr 4 I 1
-expect_refused "version 1" 'version' "$img" --readonly
+expect_refused "version 1 (qcow, not qcow2)" 'qcow image: not supported' "$img" --readonly
 
 # --- refused: truncated files
 hlen=$("$PY" -c 'import struct,sys; f=open(sys.argv[1],"rb"); f.seek(100); print(struct.unpack(">I",f.read(4))[0])' "$D/healthy.qcow2")
