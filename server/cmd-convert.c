@@ -1,6 +1,7 @@
 /* blockport convert: copy an image into a new raw or qcow2 file, skipping
  * what reads as zeroes, with many requests in flight through the block
  * device interface (any source blockport opens, any chain). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -8,9 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../core/filelock.h"
 #include "../core/pool.h"
 #include "../formats/formats.h"
 #include "../formats/qcow2/create.h"
@@ -21,7 +24,7 @@
 #define WALK (256ull << 20)      /* block status asked per step */
 
 static const char convert_usage[] =
-    "Usage: blockport convert [-p] [-c] [-f FMT] -O raw|qcow2 SRC DST\n"
+    "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2 SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
@@ -30,10 +33,14 @@ static const char convert_usage[] =
     "  -p            show progress on a terminal\n"
     "  -c            compress the clusters of a qcow2 DST (deflate)\n"
     "  -f FMT        format of SRC instead of probing\n"
+    "  -U            read a SRC that another process writes (without it,\n"
+    "                such a SRC is refused, as by qemu-img)\n"
     "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n"
     "  --plugin PLUGIN  SRC is an nbdkit plugin (a .so path or a name in\n"
     "                nbdkit's plugin directory) with its KEY=VALUE "
-    "parameters\n";
+    "parameters\n"
+    "DST may not be SRC or a file of its backing chain.  Exit status: 0\n"
+    "success, 1 bad usage or failure.\n";
 
 /* One request slot: read from the source, then write to the destination. */
 struct slot {
@@ -154,10 +161,51 @@ static int copy_all(struct copy *cp) {
   return r;
 }
 
+/* Is PATH a file this process has open: the source, or a file of its
+ * backing chain (however it is named: symlinks, hard links, relative
+ * backing names)?  The open files are the truth, so nothing is missed. */
+static bool is_open_here(const char *path) {
+  struct stat dst, st;
+  if (stat(path, &dst) < 0)
+    return false; /* a new file */
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return false;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == dirfd(d))
+      continue;
+    found = fstat(atoi(e->d_name), &st) == 0 &&
+            (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) &&
+            st.st_dev == dst.st_dev && st.st_ino == dst.st_ino;
+  }
+  closedir(d);
+  return found;
+}
+
+/* Truncate and lay out DST, holding its write lock from before the
+ * truncation: a busy image is refused, never emptied. */
 static int create_dst(const char *path, const char *fmt, uint64_t size) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (is_open_here(path)) {
+    fprintf(stderr,
+            "blockport convert: %s: the output is the input, or a file of "
+            "its backing chain\n",
+            path);
+    return -1;
+  }
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* locks read */
   if (fd < 0) {
     fprintf(stderr, "blockport convert: %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  const char *why = NULL;
+  if (filelock_take(fd, path, FILELOCK_USE_WRITE, true) < 0)
+    why = bd_errmsg();
+  else if (ftruncate(fd, 0) < 0)
+    why = strerror(errno);
+  if (why) {
+    fprintf(stderr, "blockport convert: %s\n", why);
+    close(fd);
     return -1;
   }
   char err[256] = "";
@@ -180,10 +228,12 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
 }
 
 static int convert(const char *src_path, const char *sfmt, const char *dst_path,
-                   const char *ofmt, bool progress, bool compress) {
+                   const char *ofmt, bool progress, bool compress,
+                   bool share) {
   struct copy cp = {.progress = progress && isatty(2),
                     .write_flags = compress ? BD_F_COMPRESS : 0};
-  cp.src = bd_open(src_path, sfmt, true);
+  cp.src = bd_open_flags(src_path, sfmt,
+                         share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!cp.src) {
     fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
     return 1;
@@ -233,20 +283,22 @@ out:
 int convert_main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"plugin", required_argument, NULL, 'G'},
+      {"force-share", no_argument, NULL, 'U'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   const char *sfmt = NULL, *ofmt = NULL, *plugin = NULL;
-  bool progress = false, compress = false;
+  bool progress = false, compress = false, share = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcf:O:h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "pcUf:O:h", longopts, NULL)) != -1) {
     switch (ch) {
+    case 'U': share = true; break;
     case 'G': plugin = optarg; break;
     case 'p': progress = true; break;
     case 'c': compress = true; break;
     case 'f': sfmt = optarg; break;
     case 'O': ofmt = optarg; break;
     case 'h': fputs(convert_usage, stdout); return 0;
-    default: fputs(convert_usage, stderr); return 2;
+    default: fputs(convert_usage, stderr); return 1;
     }
   }
   /* --plugin: the last argument is DST, the others the parameters. */
@@ -257,12 +309,12 @@ int convert_main(int argc, char **argv) {
       (strcmp(ofmt, "raw") != 0 && strcmp(ofmt, "qcow2") != 0)) {
     fputs(convert_usage, stderr);
     free(spec);
-    return 2;
+    return 1;
   }
   if (compress && strcmp(ofmt, "qcow2") != 0) {
     fprintf(stderr, "blockport convert: -c needs -O qcow2\n");
     free(spec);
-    return 2;
+    return 1;
   }
   /* Four workers: more only contend for the destination file's inode
    * lock (buffered writes to one file serialise in the kernel); reads from
@@ -272,7 +324,7 @@ int convert_main(int argc, char **argv) {
     return 1;
   }
   int r = convert(spec ? spec : argv[optind], sfmt, argv[argc - 1], ofmt,
-                  progress, compress);
+                  progress, compress, share);
   bd_pool_stop();
   free(spec);
   return r;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../core/filelock.h"
 #include "../formats/qcow2/create.h"
 #include "commands.h"
 
@@ -343,7 +344,7 @@ int create_main(int argc, char **argv) {
   struct create_args a = {
       .q = {.version = 3, .cluster_bits = 16, .refcount_order = 4}};
   if (parse_args(argc, argv, &a) < 0)
-    return 2;
+    return 1;
   if (a.backing && check_backing(&a) < 0)
     return 1;
 
@@ -373,9 +374,21 @@ int create_main(int argc, char **argv) {
     fflush(stdout);
   }
 
-  int fd = open(a.file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* Read-write (byte locks need read access), not truncated before the
+   * write lock is ours: an image in use is refused, never emptied. */
+  int fd = open(a.file, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     fprintf(stderr, "blockport create: %s: %s\n", a.file, strerror(errno));
+    return 1;
+  }
+  if (filelock_take(fd, a.file, FILELOCK_USE_WRITE, true) < 0) {
+    fprintf(stderr, "blockport create: %s\n", bd_errmsg());
+    close(fd);
+    return 1;
+  }
+  if (ftruncate(fd, 0) < 0) {
+    fprintf(stderr, "blockport create: %s: %s\n", a.file, strerror(errno));
+    close(fd);
     return 1;
   }
   int r;

@@ -15,8 +15,10 @@
 #include <unistd.h>
 
 #include "../core/blockdev.h"
+#include "../core/filelock.h"
 #include "../core/io.h"
 #include "../formats/formats.h"
+#include "../formats/probe.h"
 #include "../formats/qcow2/qcow2.h"
 #include "../formats/qcow2/snapshot.h"
 #include "commands.h"
@@ -36,10 +38,13 @@ static const char info_usage[] =
     "                      --output=json`\n"
     "      --output=human|json   the same, as qemu-img spells it\n"
     "      --backing-chain show every image of the backing chain\n"
+    "  -U, --force-share   read an image that another process writes\n"
+    "                      (without it, such an image is refused, as\n"
+    "                      qemu-img refuses it)\n"
     "  -h, --help          show this help\n"
     "\n"
-    "Exit status: 0 success, 1 the image cannot be read or is corrupt,\n"
-    "2 bad usage.\n";
+    "Exit status: 0 success, 1 bad usage, or the image cannot be read or\n"
+    "is corrupt.\n";
 
 struct bitmap_info {
   char *name;
@@ -64,6 +69,7 @@ struct image {
 };
 
 static char errbuf[512];
+static bool force_share; /* -U */
 
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...) {
@@ -83,6 +89,14 @@ static void free_image(struct image *im) {
     free(im->bitmaps[i].name);
   free(im->bitmaps);
   memset(im, 0, sizeof *im);
+}
+
+/* MSG without a leading "PATH: " (the caller names the image). */
+static const char *without_path(const char *msg, const char *path) {
+  size_t n = strlen(path);
+  if (!strncmp(msg, path, n) && !strncmp(msg + n, ": ", 2))
+    return msg + n + 2;
+  return msg;
 }
 
 /* The backing file name as QEMU combines it with the image's path. */
@@ -251,9 +265,15 @@ static int read_image(const char *path, const char *format, struct image *im) {
   if (fd < 0)
     return fail("%s", strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) < 0) {
+  if (fstat(fd, &st) < 0 || !(S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))) {
     close(fd);
-    return fail("%s", strerror(errno));
+    return fail("not a regular file or block device");
+  }
+  /* Locked as qemu-img info locks: a reader that refuses writers. */
+  enum filelock_use use = force_share ? FILELOCK_USE_SHARED : FILELOCK_USE_READ;
+  if (filelock_take(fd, path, use, false) < 0) {
+    close(fd);
+    return fail("%s", without_path(bd_errmsg(), path));
   }
   im->dev = st.st_dev;
   im->ino = st.st_ino;
@@ -263,10 +283,17 @@ static int read_image(const char *path, const char *format, struct image *im) {
     off_t end = lseek(fd, 0, SEEK_END);
     im->file_size = end < 0 ? 0 : (uint64_t)end;
   }
-  uint8_t magic[4] = {0};
-  bool is_qcow2 = pread(fd, magic, 4, 0) == 4 && get_be32(magic) == QCOW2_MAGIC;
+  uint8_t head[PROBE_HEAD] = {0};
+  ssize_t got = pread(fd, head, sizeof head, 0);
+  const char *probed = probe_format(head, got > 0 ? (size_t)got : 0, path);
+  bool is_qcow2 = !strcmp(probed, "qcow2");
+  if (!format && !probe_supported(probed)) {
+    close(fd);
+    return fail("%s image: not supported; convert it with qemu-img convert",
+                probed);
+  }
   if (!format)
-    format = is_qcow2 ? "qcow2" : "raw";
+    format = probed;
   int r = 0;
   if (!strcmp(format, "qcow2")) {
     im->format = "qcow2";
@@ -524,17 +551,18 @@ int info_main(int argc, char **argv) {
       {"json", no_argument, NULL, 'j'},
       {"output", required_argument, NULL, 'O'},
       {"backing-chain", no_argument, NULL, 'B'},
+      {"force-share", no_argument, NULL, 'U'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   const char *format = NULL;
   bool json = false, chain = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "f:h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "f:Uh", longopts, NULL)) != -1) {
     switch (ch) {
     case 'f':
       if (strcmp(optarg, "raw") && strcmp(optarg, "qcow2")) {
         fprintf(stderr, "blockport info: unknown format '%s'\n", optarg);
-        return 2;
+        return 1;
       }
       format = optarg;
       break;
@@ -542,20 +570,21 @@ int info_main(int argc, char **argv) {
     case 'O':
       if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
         fprintf(stderr, "blockport info: --output is human or json\n");
-        return 2;
+        return 1;
       }
       json = !strcmp(optarg, "json");
       break;
     case 'B': chain = true; break;
+    case 'U': force_share = true; break;
     case 'h': fputs(info_usage, stdout); return 0;
-    default: fputs(info_usage, stderr); return 2;
+    default: fputs(info_usage, stderr); return 1;
     }
   }
   if (optind + 1 != argc) {
     fprintf(stderr, "blockport info: %s\n%s",
             optind >= argc ? "no image given" : "more than one image given",
             info_usage);
-    return 2;
+    return 1;
   }
 
   /* Read the whole chain first, so a corrupt image prints nothing but the

@@ -9,11 +9,13 @@
 #include "commands.h"
 
 static const char map_usage[] =
-    "Usage: blockport map [--json] [-f FMT] IMAGE\n"
+    "Usage: blockport map [--json] [-f FMT] [-U] IMAGE\n"
     "Print where each range of IMAGE lives: which layer of its backing chain\n"
     "(depth), whether it is allocated (present), reads as zeroes, holds data,\n"
     "and at which offset of which file.  --json prints the fields of\n"
-    "`qemu-img map --output=json`.\n";
+    "`qemu-img map --output=json`.  -U/--force-share maps an image that\n"
+    "another process writes (without it, such an image is refused).\n"
+    "Exit status: 0 success, 1 bad usage or the image cannot be read.\n";
 
 static bool mergeable(const struct map_entry *a, const struct map_entry *b) {
   return a->depth == b->depth && a->present == b->present &&
@@ -71,24 +73,27 @@ int map_main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'j'},
       {"format", required_argument, NULL, 'f'},
+      {"force-share", no_argument, NULL, 'U'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  bool json = false;
+  bool json = false, share = false;
   const char *fmt = NULL;
   int ch;
-  while ((ch = getopt_long(argc, argv, "jf:h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "jf:Uh", longopts, NULL)) != -1) {
     switch (ch) {
     case 'j': json = true; break;
     case 'f': fmt = optarg; break;
+    case 'U': share = true; break;
     case 'h': fputs(map_usage, stdout); return 0;
-    default: fputs(map_usage, stderr); return 2;
+    default: fputs(map_usage, stderr); return 1;
     }
   }
   if (optind + 1 != argc) {
     fputs(map_usage, stderr);
-    return 2;
+    return 1;
   }
-  struct bd *bd = bd_open(argv[optind], fmt, true);
+  struct bd *bd = bd_open_flags(argv[optind], fmt,
+                                share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!bd) {
     fprintf(stderr, "blockport map: %s\n", bd_errmsg());
     return 1;

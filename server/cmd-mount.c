@@ -489,7 +489,7 @@ int mount_main(int argc, char **argv) {
    * docs/ARCHITECTURE.md. */
   struct mount_opts o = {.threads = 4, .workers = 4, .direct_io = true};
   if (parse_opts(argc, argv, &o) < 0)
-    return 2;
+    return 1;
   int r = mount_run(&o);
   free(o.plugin_source);
   return r;

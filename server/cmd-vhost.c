@@ -206,7 +206,7 @@ static int vhost_run(struct vhost_opts *o) {
 int vhost_main(int argc, char **argv) {
   struct vhost_opts o = {.vhu = {.queues = 16}};
   if (parse_opts(argc, argv, &o) < 0)
-    return 2;
+    return 1;
   int r = vhost_run(&o);
   free(o.plugin_source);
   return r;

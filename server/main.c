@@ -35,7 +35,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
-    return 2;
+    return 1;
   }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
@@ -51,5 +51,5 @@ int main(int argc, char **argv) {
       return commands[i].main(argc - 1, argv + 1);
   fprintf(stderr, "blockport: unknown command '%s'\n", cmd);
   usage(stderr);
-  return 2;
+  return 1;
 }

@@ -385,9 +385,10 @@ int qcow2_rebuild_refcounts(struct qcow2dev *q) {
   return e;
 }
 
-int qcow2_check_path(const char *path, enum qcow2_repair repair, FILE *report,
-                     struct qcow2_check_result *res) {
-  struct bd *bd = qcow2_open(path, repair == QCOW2_REPAIR_NONE);
+int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
+                     FILE *report, struct qcow2_check_result *res) {
+  unsigned flags = BD_OPEN_READONLY | (share ? BD_OPEN_SHARE : 0);
+  struct bd *bd = qcow2_open(path, repair == QCOW2_REPAIR_NONE ? flags : 0);
   if (!bd)
     return -EINVAL;
   struct qcow2dev *q = bd->priv;

@@ -24,9 +24,10 @@ int qcow2_rebuild_refcounts(struct qcow2dev *q);
 
 enum qcow2_repair { QCOW2_REPAIR_NONE, QCOW2_REPAIR_LEAKS, QCOW2_REPAIR_ALL };
 
-/* `blockport check`: open PATH, repair if asked, check.  Returns 0, or
+/* `blockport check`: open PATH, repair if asked, check.  SHARE (-U, no
+ * repair only): check an image another process writes.  Returns 0, or
  * -errno with a message in bd_errmsg() when the check could not run. */
-int qcow2_check_path(const char *path, enum qcow2_repair repair, FILE *report,
-                     struct qcow2_check_result *res);
+int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
+                     FILE *report, struct qcow2_check_result *res);
 
 #endif

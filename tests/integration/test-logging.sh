@@ -27,9 +27,9 @@ vhost_log debug
 grep -q "^blockport: info:" vh.log || fail "debug hides info"
 ok "levels filter"
 
-check "a bad level: exit 2 and a message"
+check "a bad level: exit 1 and a message"
 rc=0; "$BLOCKPORT" vhost --socket "$T/v.sock" --log-level loud memory:1M 2>err.txt || rc=$?
-[ $rc -eq 2 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
+[ $rc -eq 1 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
 ok "refused"
 
 check "serve: --log-level error keeps it quiet; a bad level is a usage error"
