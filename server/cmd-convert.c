@@ -228,12 +228,11 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
 }
 
 static int convert(const char *src_path, const char *sfmt, const char *dst_path,
-                   const char *ofmt, bool progress, bool compress,
-                   bool share) {
+                   const char *ofmt, bool progress, bool compress, bool share) {
   struct copy cp = {.progress = progress && isatty(2),
                     .write_flags = compress ? BD_F_COMPRESS : 0};
-  cp.src = bd_open_flags(src_path, sfmt,
-                         share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
+  cp.src =
+      bd_open_flags(src_path, sfmt, share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!cp.src) {
     fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
     return 1;

@@ -112,8 +112,9 @@ static bool key_needs_rw(const struct build *b, const char *key) {
 
 /* A live device for C's image, with a user added, if it can serve C.  One
  * nobody is connected to may be replaced (the old one closes with the
- * configuration it belongs to); one in use may not be opened again in a
- * way that conflicts with it. */
+ * configuration it belongs to), also to reopen it read-only when no
+ * export needs it writable any more, so that its lock lets readers in;
+ * one in use may not be opened again in a way that conflicts with it. */
 static int reuse_device(struct build *b, const struct export_conf *c,
                         const char *key, const char *fmt, bool rw,
                         struct device **out, struct device **replace) {
@@ -123,11 +124,13 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   bool other_fmt = d && fmt && strcmp(fmt, d->bd->format);
   bool need_rw = d && rw && d->bd->caps.readonly;
   bool busy = d && d->conns > 0;
-  if (d && !other_fmt && !need_rw)
+  bool downgrade = d && !rw && !d->bd->caps.readonly && !busy;
+  bool keep = d && !other_fmt && !need_rw && !downgrade;
+  if (keep)
     d->users++;
   pthread_mutex_unlock(&srv->lock);
-  *out = d && !other_fmt && !need_rw ? d : NULL;
-  *replace = d && !busy && (other_fmt || need_rw) ? d : NULL;
+  *out = keep ? d : NULL;
+  *replace = d && !busy && !keep ? d : NULL;
   if (busy && other_fmt)
     return fail(b, c, "%s is open as %s for connected clients", c->path,
                 d->bd->format);

@@ -131,8 +131,8 @@ static const char serve_usage[] =
     "file,\n"
     "                            TLS settings, every image opened "
     "read-only),\n"
-    "                            print them and exit: 0 good, 2 bad file or\n"
-    "                            options, 1 an image that cannot be opened\n"
+    "                            print them and exit: 0 good, 1 a bad file\n"
+    "                            or option, or an image that cannot be opened\n"
     "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
     "and\n"
     "                            TLS clients) or require (no option but "
@@ -823,7 +823,7 @@ static int read_exports(struct server *srv, struct serve_opts *o, int argc,
           ? config_read(o, cf) < 0 || check_config_tls(srv, cf, o->config) < 0
           : config_from_args(o->plugin ? plugin : argv + optind,
                              o->plugin ? 1 : argc - optind, o, cf) < 0)
-    return 2;
+    return 1;
   return 0;
 }
 
@@ -875,7 +875,7 @@ int serve_main(int argc, char **argv) {
       .cond = PTHREAD_COND_INITIALIZER,
   };
   if (parse_opts(argc, argv, &o, &srv) < 0)
-    return 2;
+    return 1; /* usage errors: qemu-img's convention */
   if (o.check_config)
     return check_exports(&srv, &o, argc, argv);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
@@ -883,7 +883,7 @@ int serve_main(int argc, char **argv) {
    * LISTEN_*. */
   int activated = take_activated(&o, lfds);
   if (activated < 0)
-    return activated == -2 ? 2 : 1;
+    return 1;
   nl = activated;
   sd_notify_init();
   if (!activated && !o.unix_path && !o.port)

@@ -19,14 +19,14 @@ bad() { # bad LINE PATTERN: the file on stdin is refused naming LINE
   local want_line=$1 pattern=$2 rc=0
   cat >bad.conf
   "$BLOCKPORT" serve --unix "$T/x.sock" --config bad.conf 2>err.txt || rc=$?
-  [[ $rc -eq 2 ]] || { cat err.txt; fail "exit status $rc, expected 2"; }
+  [[ $rc -eq 1 ]] || { cat err.txt; fail "exit status $rc, expected 1"; }
   grep -q "bad.conf:$want_line: .*$pattern" err.txt ||
     { cat err.txt; fail "expected 'bad.conf:$want_line: ...$pattern'"; }
   [[ ! -e $T/x.sock ]] || fail "a socket was created for a refused file"
   # --check-config refuses it the same way, and prints no listing.
   rc=0
   "$BLOCKPORT" serve --check-config --config bad.conf >out.txt 2>err.txt || rc=$?
-  [[ $rc -eq 2 ]] && grep -q "bad.conf:$want_line: .*$pattern" err.txt &&
+  [[ $rc -eq 1 ]] && grep -q "bad.conf:$want_line: .*$pattern" err.txt &&
     [[ ! -s out.txt ]] || { cat out.txt err.txt; fail "--check-config: exit $rc"; }
 }
 printf '[export a]\npath = null:1M\nreadonly = yes\n' | bad 3 "unknown key 'readonly'"
@@ -39,10 +39,10 @@ printf '[export a]\npath = null:1M\nallow = 10.0.0.300\n' | bad 3 "10.0.0.300"
 printf '[export a]\npath = null:1M\nrequire-tls = yes\n' | bad 1 "requires TLS"
 rc=0
 "$BLOCKPORT" serve --unix "$T/x.sock" --config "$T/none.conf" 2>err.txt || rc=$?
-[[ $rc -eq 2 ]] && grep -q "none.conf" err.txt || { cat err.txt; fail "missing file: exit $rc"; }
+[[ $rc -eq 1 ]] && grep -q "none.conf" err.txt || { cat err.txt; fail "missing file: exit $rc"; }
 rc=0
 "$BLOCKPORT" serve --unix "$T/x.sock" --config bad.conf null:1M 2>err.txt || rc=$?
-[[ $rc -eq 2 ]] || fail "--config with an IMAGE argument: exit $rc, expected 2"
+[[ $rc -eq 1 ]] || fail "--config with an IMAGE argument: exit $rc, expected 1"
 printf '[export a]\npath = %s/missing.img\n' "$T" >bad.conf
 rc=0
 "$BLOCKPORT" serve --unix "$T/x.sock" --config bad.conf 2>err.txt || rc=$?
@@ -52,7 +52,7 @@ rc=0
 "$BLOCKPORT" serve --check-config --config bad.conf >out.txt 2>err.txt || rc=$?
 [[ $rc -eq 1 ]] && grep -q "missing.img" err.txt ||
   { cat err.txt; fail "--check-config, missing image: exit $rc, expected 1"; }
-ok "exit status 2 with FILE:LINE: reason; 1 for an image that cannot be opened"
+ok "exit status 1 with FILE:LINE: reason, and for an image that cannot be opened"
 
 # ---- a config with every per-export setting ----
 
@@ -176,8 +176,8 @@ run qemu-io -r -f raw -c 'read -P 0x79 2M 1M' "$(export_uri golden)" >/dev/null 
 # Without TLS on, the same file is bad (export 'secret' requires TLS).
 rc=0
 "$BLOCKPORT" serve --check-config --config exports.conf >out.txt 2>err.txt || rc=$?
-[[ $rc -eq 2 ]] && grep -q "exports.conf:[0-9]*: export 'secret' requires TLS" err.txt ||
-  { cat err.txt; fail "--check-config without --tls: exit $rc, expected 2"; }
+[[ $rc -eq 1 ]] && grep -q "exports.conf:[0-9]*: export 'secret' requires TLS" err.txt ||
+  { cat err.txt; fail "--check-config without --tls: exit $rc, expected 1"; }
 ok "listed as configured; read-only opens; the server's writes carry on"
 
 # wire SOURCE_ADDR NAME...: from SOURCE_ADDR, LIST, then INFO for each NAME.

@@ -88,7 +88,7 @@ start_server_tcp --allow 10.0.0.0/8 --allow 127.0.0.0/8 disk.img
 nbdinfo --size "$URI" >/dev/null || fail "127.0.0.1 refused"
 stop_server
 rc=0; "$BLOCKPORT" serve --port 0 --allow 10.0.0.0/33 disk.img 2>err.txt || rc=$?
-[ $rc -eq 2 ] && grep -q "bad prefix" err.txt || { cat err.txt; fail "bad CIDR: exit $rc"; }
+[ $rc -eq 1 ] && grep -q "bad prefix" err.txt || { cat err.txt; fail "bad CIDR: exit $rc"; }
 ok "refused outside the list, admitted inside; a bad CIDR is a usage error"
 
 check "--unix-mode 0600"
