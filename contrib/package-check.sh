@@ -19,7 +19,7 @@ cleanup() {
 trap cleanup EXIT
 w=$(mktemp -d)
 /usr/bin/blockport create -f qcow2 "$w/demo.qcow2" 64M >/dev/null
-/usr/bin/blockport serve --unix "$w/s.sock" --pid-file "$w/pid" "$w/demo.qcow2" 2>"$w/log" &
+/usr/bin/blockport serve --unix "$w/s.sock" --pid-file "$w/pid" --format qcow2 "$w/demo.qcow2" 2>"$w/log" &
 pid=$!
 for _ in $(seq 100); do [ -s "$w/pid" ] && break; sleep 0.05; done
 size=$(nbdinfo --size "nbd+unix:///?socket=$w/s.sock")

@@ -27,4 +27,4 @@ Connect from another terminal:
 Stop with Ctrl-C.
 
 MSG
-exec build/blockport serve --port "$PORT" --unix /tmp/blockport-demo.sock "$DEMO"
+exec build/blockport serve --port "$PORT" --unix /tmp/blockport-demo.sock --format raw "$DEMO"
