@@ -31,13 +31,33 @@ bg_serve() {
 bg_stop() {
     kill -"${2:-TERM}" "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
+    local deadline=$((SECONDS + 30))
+    while kill -0 "$1" 2>/dev/null; do
+        ((SECONDS < deadline)) || fail "process $1 did not exit"
+        sleep 0.05
+    done
+}
+
+# Start qemu-nbd serving ARGS on q.sock; sets QPID.
+start_qemu_nbd() {
+    rm -f "$T/q.sock"
+    qemu-nbd -k "$T/q.sock" "$@" 2>qemu-nbd.log &
+    QPID=$!
+    track_pid "$QPID"
+    local deadline=$((SECONDS + 20))
+    until [[ -S $T/q.sock ]]; do
+        kill -0 "$QPID" 2>/dev/null || { cat qemu-nbd.log; grep . /proc/locks; fail "qemu-nbd exited"; }
+        ((SECONDS < deadline)) || fail "qemu-nbd did not start"
+        sleep 0.05
+    done
 }
 
 # expect_refused WHAT PATTERN CMD...: CMD exits 1 with PATTERN in stderr.
 expect_refused() {
     local what=$1 pattern=$2 rc=0
     shift 2
-    "$@" >out.txt 2>err.txt </dev/null || rc=$?
+    # A command that wrongly succeeds (a server) must not hang the test.
+    timeout 30 "$@" >out.txt 2>err.txt </dev/null || rc=$?
     if [[ $rc -ne 1 ]] || ! grep -q -- "$pattern" err.txt; then
         cat err.txt
         fail_soft "$what: exit $rc (expected 1 and /$pattern/)"
@@ -50,7 +70,7 @@ expect_refused() {
 expect_ok() {
     local what=$1 rc=0
     shift
-    "$@" >out.txt 2>err.txt </dev/null || rc=$?
+    timeout 60 "$@" >out.txt 2>err.txt </dev/null || rc=$?
     if [[ $rc -ne 0 ]]; then
         cat err.txt
         fail_soft "$what: exit $rc (expected 0)"
@@ -68,7 +88,7 @@ expect_refused "qemu-img info" 'Failed to get shared "write" lock' qemu-img info
 expect_ok "qemu-img info -U" qemu-img info -U disk.qcow2
 expect_refused "qemu-io write" 'Failed to get "write" lock' qemu-io -f qcow2 -c 'write 0 512' disk.qcow2
 expect_ok "qemu-io -r -U read" qemu-io -r -U -f qcow2 -c 'read -P 0x5a 0 1M' disk.qcow2
-expect_refused "qemu-nbd" 'Failed to get "write" lock' qemu-nbd -k "$T/q.sock" -f qcow2 disk.qcow2
+expect_refused "qemu-nbd" 'Failed to get "write" lock' qemu-nbd -k "$T/q0.sock" -f qcow2 disk.qcow2
 
 check "blockport serving read-write: a second blockport is refused, naming the file"
 expect_refused "second serve" 'disk.qcow2: Failed to get "write" lock' \
@@ -114,20 +134,13 @@ qemu-io -f qcow2 -c 'read -P 0x77 1M 64k' disk.qcow2 | grep -q 'read 65536' ||
 ok "the image is intact and holds the write (qemu-img check clean)"
 
 check "QEMU holding the image: blockport refuses, readers share"
-qemu-nbd -k "$T/q.sock" -f qcow2 disk.qcow2 &
-qpid=$!
-track_pid "$qpid"
-deadline=$((SECONDS + 20))
-until [[ -S $T/q.sock ]]; do
-    ((SECONDS < deadline)) || fail "qemu-nbd did not start"
-    sleep 0.05
-done
+start_qemu_nbd -f qcow2 disk.qcow2
 expect_refused "serve beside qemu-nbd" 'disk.qcow2: Failed to get "write" lock' \
     "$BLOCKPORT" serve -u "$T/x.sock" disk.qcow2
 expect_refused "info beside qemu-nbd" 'Failed to get shared "write" lock' \
     "$BLOCKPORT" info disk.qcow2
 expect_ok "info -U beside qemu-nbd" "$BLOCKPORT" info -U disk.qcow2
-bg_stop "$qpid"
+bg_stop "$QPID"
 qemu-io -r -f qcow2 -c 'sleep 3000' disk.qcow2 >/dev/null &
 rpid=$!
 track_pid "$rpid"
