@@ -467,9 +467,19 @@ static bool at_limit_locked(struct conn *c) {
          c->inflight_bytes >= c->srv->limits.max_bytes;
 }
 
+/* Whether to read the socket.  The budget holds back new requests, never
+ * the payload of one already admitted: a write larger than the whole
+ * budget would otherwise wait for itself. */
+static bool want_input_locked(struct conn *c) {
+  if (c->eof || c->dead)
+    return false;
+  return c->cur || c->discard > 0 || !at_limit_locked(c);
+}
+
 /* Consume what the read buffer holds: skipped payload, the payload of the
  * current request, then as many request headers as fit the budget. */
 static void process_input(struct conn *c) {
+  c->held = false;
   while (!c->eof) {
     size_t avail = c->rend - c->rstart;
     if (c->discard > 0) {
@@ -499,8 +509,10 @@ static void process_input(struct conn *c) {
     pthread_mutex_lock(&c->lock);
     bool limit = at_limit_locked(c);
     pthread_mutex_unlock(&c->lock);
-    if (limit)
+    if (limit) {
+      c->held = avail > 0; /* parsed once budget frees, not after a read */
       break;
+    }
     struct nbd_request r;
     int used =
         nbd_parse_request(c->rbuf + c->rstart, avail, c->tx.extended, &r);
@@ -665,7 +677,15 @@ static void transmission(struct conn *c) {
       pthread_mutex_unlock(&c->lock);
       break;
     }
-    bool want_in = !c->eof && !c->dead && !at_limit_locked(c);
+    /* Requests held back at the budget are already here: once replies
+     * free budget, parse them at once.  The client may have sent all it
+     * will, so waiting for the socket to become readable could be
+     * forever. */
+    if (c->held && !c->eof && !c->dead && !at_limit_locked(c)) {
+      pthread_mutex_unlock(&c->lock);
+      continue;
+    }
+    bool want_in = want_input_locked(c);
     bool want_out = c->send_blocked && !c->dead;
     bool idle = c->inflight == 0 && want_in && !want_out;
     c->waiting = true;
