@@ -183,6 +183,11 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   return true;
 }
 
+/* The largest READ/WRITE payload: what NBD_INFO_BLOCK_SIZE advertised. */
+static uint32_t max_payload(const struct hs_export *he) {
+  return he->max_block && he->max_block < BD_MAX_IO ? he->max_block : BD_MAX_IO;
+}
+
 /* Returns true when the client chose an export and transmission starts. */
 static bool handshake(struct conn *c) {
   struct hs_state hs = {.tls = c->srv->tls};
@@ -245,7 +250,7 @@ static bool handshake(struct conn *c) {
                           .structured = hs.structured,
                           .extended = hs.extended,
                           .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
-                          .max_payload = BD_MAX_IO};
+                          .max_payload = max_payload(he)};
   c->ctx_base = hs.ctx_base;
   c->ctx_depth = hs.ctx_depth;
   ok = true;
@@ -412,6 +417,13 @@ static void handle_request(struct conn *c, const struct nbd_request *r) {
   if (r->type == NBD_CMD_DISC) {
     log_debug("connection %u: disconnect requested", c->id);
     c->eof = true;
+    return;
+  }
+  if (nbd_request_overlong(&c->tx, r)) {
+    log_info("connection %u (%s): payload of %llu bytes is above the "
+             "maximum of %u; closing",
+             c->id, c->peer, (unsigned long long)r->length, c->tx.max_payload);
+    c->eof = true; /* the spec's hard disconnect, once requests in flight end */
     return;
   }
   uint64_t payload = nbd_request_payload(&c->tx, r);
