@@ -407,6 +407,37 @@ static int listen_unix(const char *path, int mode) {
   return fd;
 }
 
+/* One listening TCP socket for AI, or -errno. */
+static int listen_one(const struct addrinfo *ai) {
+  int fd =
+      socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0)
+    return -errno;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  /* IPv4 and IPv6 wildcards on one port: each socket its own family. */
+  if (ai->ai_family == AF_INET6)
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+/* A host without IPv6 cannot listen on "::".  That is no reason to fail
+ * when the user asked for no address: the IPv4 half serves. */
+static bool no_ipv6_here(const struct addrinfo *ai, int err) {
+  return ai->ai_family == AF_INET6 &&
+         (err == EAFNOSUPPORT || err == EADDRNOTAVAIL ||
+          err == EPROTONOSUPPORT);
+}
+
+/* Listen on every address ADDR (NULL: the IPv4 and IPv6 wildcards) has
+ * for PORT.  Every one must work: a server that says "ready" while one of
+ * its addresses belongs to another program would send that program's
+ * clients away.  Returns the number of sockets in FDS, or -1 (logged). */
 static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM,
@@ -418,26 +449,35 @@ static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
     return -1;
   }
   int n = 0;
-  for (struct addrinfo *ai = res; ai && n < max; ai = ai->ai_next) {
-    int fd =
-        socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (ai->ai_family == AF_INET6)
-      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 ||
-        listen(fd, SOMAXCONN) < 0) {
-      log_error("bind %s port %s: %s", addr ? addr : "*", port,
-                strerror(errno));
-      close(fd);
+  bool failed = false;
+  for (struct addrinfo *ai = res; ai && !failed; ai = ai->ai_next) {
+    int fd = n < max ? listen_one(ai) : -EMFILE;
+    if (fd >= 0) {
+      fds[n++] = fd;
       continue;
     }
-    fds[n++] = fd;
+    bool v6 = ai->ai_family == AF_INET6;
+    char host[NI_MAXHOST] = "?";
+    getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof host, NULL, 0,
+                NI_NUMERICHOST);
+    if (!addr && no_ipv6_here(ai, -fd)) {
+      log_warn("cannot listen on [%s] port %s: %s; IPv4 only", host, port,
+               strerror(-fd));
+      continue;
+    }
+    log_error("cannot listen on %s%s%s port %s: %s", v6 ? "[" : "", host,
+              v6 ? "]" : "", port, strerror(-fd));
+    failed = true;
   }
   freeaddrinfo(res);
-  return n > 0 ? n : -1;
+  if (!failed && n == 0)
+    log_error("%s port %s: no address to listen on", addr ? addr : "*", port);
+  if (failed || n == 0) {
+    for (int i = 0; i < n; i++)
+      close(fds[i]);
+    return -1;
+  }
+  return n;
 }
 
 static void describe_peer(int fd, const struct sockaddr_storage *ss, char *out,
@@ -524,6 +564,16 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
       break;
     used += (size_t)w;
   }
+}
+
+/* --metrics on the port the NBD server listens on cannot bind (the
+ * kernel sees the overlap); say so plainly. */
+static void explain_metrics_failure(const struct serve_opts *o) {
+  char host[256], mport[8];
+  if (o->port &&
+      metrics_parse_addr(o->metrics, host, sizeof host, mport, sizeof mport) &&
+      atoi(mport) == atoi(o->port))
+    log_error("--metrics %s: port %s is the NBD port", o->metrics, o->port);
 }
 
 /* Tell systemd (Type=notify) that clients can connect now. */
@@ -904,12 +954,8 @@ int serve_main(int argc, char **argv) {
   if (exports_open(&srv, &cf, &o) < 0)
     goto out;
   config_free(&cf);
-  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics)))
-    goto out;
-  if (bd_pool_start(o.workers) < 0) {
-    log_error("cannot start the worker pool");
-    goto out;
-  }
+  /* Every address first, metrics last: nothing is served unless all of
+   * them could be bound. */
   if (o.unix_path) {
     if ((lfds[nl] = listen_unix(o.unix_path, o.unix_mode)) < 0)
       goto out;
@@ -921,6 +967,14 @@ int serve_main(int argc, char **argv) {
     if (n < 0)
       goto out;
     nl += n;
+  }
+  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics))) {
+    explain_metrics_failure(&o);
+    goto out;
+  }
+  if (bd_pool_start(o.workers) < 0) {
+    log_error("cannot start the worker pool");
+    goto out;
   }
   if (srv.tls != HS_TLS_OFF)
     log_info("TLS %s: %s%s%s%s", srv.tls == HS_TLS_REQUIRE ? "required" : "on",
