@@ -128,8 +128,9 @@ static const char serve_usage[] =
     "file,\n"
     "                            TLS settings, every image opened "
     "read-only),\n"
-    "                            print them and exit: 0 good, 2 bad file or\n"
-    "                            options, 1 an image that cannot be opened\n"
+    "                            print them and exit: 0 good, 2 a bad file\n"
+    "                            (or options naming exports it lacks), 1 an\n"
+    "                            image that cannot be opened\n"
     "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
     "and\n"
     "                            TLS clients) or require (no option but "
@@ -166,12 +167,40 @@ static const char serve_usage[] =
 
 /* ---- exports ---- */
 
-/* Whether the export NAME must refuse writes. */
-static bool export_readonly(const struct serve_opts *o, const char *name) {
+/* Whether --readonly-export NAME means export E: its name, or "" for the
+ * default export (whatever its own name). */
+static bool ro_name_means(const char *name, const struct export_conf *e) {
+  return !strcmp(name, e->name) || (!*name && e->is_default);
+}
+
+/* Whether export E must refuse writes. */
+static bool export_readonly(const struct serve_opts *o,
+                            const struct export_conf *e) {
   for (size_t i = 0; i < o->n_ro_exports; i++)
-    if (!strcmp(o->ro_exports[i], name))
+    if (ro_name_means(o->ro_exports[i], e))
       return true;
   return o->readonly;
+}
+
+/* Every --readonly-export must name an export: ignoring one would leave
+ * writable what the user meant to protect.  Checked before any image is
+ * opened.  A plugin's exports are known only once it is loaded: exports.c
+ * checks those names. */
+static int check_ro_names(const struct serve_opts *o, const struct config *cf) {
+  for (size_t k = 0; k < o->n_ro_exports && !o->plugin; k++) {
+    const char *name = o->ro_exports[k];
+    size_t i = 0;
+    while (i < cf->n && !ro_name_means(name, &cf->v[i]))
+      i++;
+    if (i == cf->n) {
+      log_error("--readonly-export '%s': no %s %s%s", name,
+                *name ? "such export" : "default export",
+                o->config ? "in " : "on the command line",
+                o->config ? o->config : "");
+      return -1;
+    }
+  }
+  return 0;
 }
 
 /* The command line's IMAGE... as a configuration: NAME=PATH or PATH, the
@@ -195,7 +224,9 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
     e->is_default = i == 0;
     if (!e->name || !e->path)
       return -1;
-    e->readonly = export_readonly(o, e->name);
+    /* A plugin's device serves its listed exports too: it stays writable
+     * and exports.c makes the named exports read-only. */
+    e->readonly = o->plugin ? o->readonly : export_readonly(o, e);
     for (int j = 0; j < i; j++) {
       if (strcmp(cf->v[j].name, e->name) == 0) {
         log_error("export name '%s' is used twice", e->name);
@@ -203,7 +234,7 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
       }
     }
   }
-  return 0;
+  return check_ro_names(o, cf);
 }
 
 /* Read the config file.  Returns 0, or -1 with the reason logged. */
@@ -214,7 +245,11 @@ static int config_read(const struct serve_opts *o, struct config *cf) {
     return -1;
   }
   for (size_t i = 0; i < cf->n; i++)
-    cf->v[i].readonly |= export_readonly(o, cf->v[i].name);
+    cf->v[i].readonly |= export_readonly(o, &cf->v[i]);
+  if (check_ro_names(o, cf) < 0) {
+    config_free(cf);
+    return -1;
+  }
   return 0;
 }
 
@@ -223,6 +258,8 @@ static int exports_open(struct server *srv, const struct config *cf,
                         const struct serve_opts *o) {
   struct exports_opts eo = {.format = o->format,
                             .readonly = o->readonly,
+                            .ro_names = o->ro_exports,
+                            .n_ro_names = o->n_ro_exports,
                             .plugin = o->plugin != NULL,
                             .file = o->config};
   char err[1024];
@@ -529,8 +566,8 @@ static void accept_one(struct server *srv, int lfd) {
   conn_start(srv, fd, peer, &ss);
 }
 
-/* Take the sockets systemd passed, if any.  Returns their number, -1 on
- * error (1), -2 on a usage error (2). */
+/* Take the sockets systemd passed, if any.  Returns their number, or -1
+ * (an error, or a usage error: options that conflict with them). */
 static int take_activated(struct serve_opts *o, int *lfds) {
   int n = sd_listen_fds(lfds, MAX_LISTENERS);
   if (n <= 0)
@@ -547,7 +584,7 @@ static int take_activated(struct serve_opts *o, int *lfds) {
             opt, n);
     for (int i = 0; i < n; i++)
       close(lfds[i]);
-    return -2;
+    return -1;
   }
   return n;
 }
@@ -847,7 +884,8 @@ static void print_export(const struct export_conf *c,
 /* Load what the exports need before opening them: TLS credentials (an
  * export may require TLS), and the configuration, from --config or from
  * the command line's images or plugin.  *PLUGIN is the caller's to free.
- * Returns 0, or the exit status: 2 for a bad file, 1 otherwise. */
+ * Returns 0, or --check-config's exit status: 2 for a bad file (or
+ * options that do not fit it), 1 otherwise. */
 static int read_exports(struct server *srv, struct serve_opts *o, int argc,
                         char **argv, struct config *cf, char **plugin) {
   /* --plugin: one image, the plugin with the arguments as parameters. */
@@ -912,8 +950,10 @@ int serve_main(int argc, char **argv) {
       .lock = PTHREAD_MUTEX_INITIALIZER,
       .cond = PTHREAD_COND_INITIALIZER,
   };
+  /* Usage errors exit 1, as qemu-img's do; --check-config reports a bad
+   * file with its own status. */
   if (parse_opts(argc, argv, &o, &srv) < 0)
-    return 2;
+    return 1;
   if (o.check_config)
     return check_exports(&srv, &o, argc, argv);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
@@ -921,7 +961,7 @@ int serve_main(int argc, char **argv) {
    * LISTEN_*. */
   int activated = take_activated(&o, lfds);
   if (activated < 0)
-    return activated == -2 ? 2 : 1;
+    return 1;
   nl = activated;
   sd_notify_init();
   if (!activated && !o.unix_path && !o.port)
@@ -942,11 +982,8 @@ int serve_main(int argc, char **argv) {
   struct config cf = {0};
   struct metrics_http *mhttp = NULL;
   char *plugin = NULL;
-  int r = read_exports(&srv, &o, argc, argv, &cf, &plugin);
-  if (r) {
-    ret = r;
+  if (read_exports(&srv, &o, argc, argv, &cf, &plugin) != 0)
     goto out;
-  }
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
     log_error("--metrics: out of memory");
     goto out;

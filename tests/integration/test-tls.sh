@@ -91,7 +91,7 @@ for args in "--tls on" "--tls require" "--tls-psk $PSK" "--tls maybe --tls-psk $
   rc=0
   # shellcheck disable=SC2086
   "$BLOCKPORT" serve --unix "$T/x.sock" $args null:1M 2>err.txt || rc=$?
-  [[ $rc -eq 2 ]] || { cat err.txt; fail "serve $args: exit $rc, want 2"; }
+  [[ $rc -eq 1 ]] || { cat err.txt; fail "serve $args: exit $rc, want 1"; }
 done
 rc=0
 "$BLOCKPORT" serve --unix "$T/x.sock" --tls on --tls-psk "$T/none.psk" null:1M \
