@@ -183,6 +183,11 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   return true;
 }
 
+/* The largest READ/WRITE payload: what NBD_INFO_BLOCK_SIZE advertised. */
+static uint32_t max_payload(const struct hs_export *he) {
+  return he->max_block && he->max_block < BD_MAX_IO ? he->max_block : BD_MAX_IO;
+}
+
 /* Returns true when the client chose an export and transmission starts. */
 static bool handshake(struct conn *c) {
   struct hs_state hs = {.tls = c->srv->tls};
@@ -245,7 +250,7 @@ static bool handshake(struct conn *c) {
                           .structured = hs.structured,
                           .extended = hs.extended,
                           .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
-                          .max_payload = BD_MAX_IO};
+                          .max_payload = max_payload(he)};
   c->ctx_base = hs.ctx_base;
   c->ctx_depth = hs.ctx_depth;
   ok = true;
@@ -414,6 +419,13 @@ static void handle_request(struct conn *c, const struct nbd_request *r) {
     c->eof = true;
     return;
   }
+  if (nbd_request_overlong(&c->tx, r)) {
+    log_info("connection %u (%s): payload of %llu bytes is above the "
+             "maximum of %u; closing",
+             c->id, c->peer, (unsigned long long)r->length, c->tx.max_payload);
+    c->eof = true; /* the spec's hard disconnect, once requests in flight end */
+    return;
+  }
   uint64_t payload = nbd_request_payload(&c->tx, r);
   const char *msg = NULL;
   uint32_t err = nbd_validate_request(&c->tx, r, &msg);
@@ -467,9 +479,19 @@ static bool at_limit_locked(struct conn *c) {
          c->inflight_bytes >= c->srv->limits.max_bytes;
 }
 
+/* Whether to read the socket.  The budget holds back new requests, never
+ * the payload of one already admitted: a write larger than the whole
+ * budget would otherwise wait for itself. */
+static bool want_input_locked(struct conn *c) {
+  if (c->eof || c->dead)
+    return false;
+  return c->cur || c->discard > 0 || !at_limit_locked(c);
+}
+
 /* Consume what the read buffer holds: skipped payload, the payload of the
  * current request, then as many request headers as fit the budget. */
 static void process_input(struct conn *c) {
+  c->held = false;
   while (!c->eof) {
     size_t avail = c->rend - c->rstart;
     if (c->discard > 0) {
@@ -499,8 +521,10 @@ static void process_input(struct conn *c) {
     pthread_mutex_lock(&c->lock);
     bool limit = at_limit_locked(c);
     pthread_mutex_unlock(&c->lock);
-    if (limit)
+    if (limit) {
+      c->held = avail > 0; /* parsed once budget frees, not after a read */
       break;
+    }
     struct nbd_request r;
     int used =
         nbd_parse_request(c->rbuf + c->rstart, avail, c->tx.extended, &r);
@@ -665,7 +689,15 @@ static void transmission(struct conn *c) {
       pthread_mutex_unlock(&c->lock);
       break;
     }
-    bool want_in = !c->eof && !c->dead && !at_limit_locked(c);
+    /* Requests held back at the budget are already here: once replies
+     * free budget, parse them at once.  The client may have sent all it
+     * will, so waiting for the socket to become readable could be
+     * forever. */
+    if (c->held && !c->eof && !c->dead && !at_limit_locked(c)) {
+      pthread_mutex_unlock(&c->lock);
+      continue;
+    }
+    bool want_in = want_input_locked(c);
     bool want_out = c->send_blocked && !c->dead;
     bool idle = c->inflight == 0 && want_in && !want_out;
     c->waiting = true;

@@ -73,6 +73,8 @@ struct conn {
                          * skipped (libnbd drops a reply that arrives
                          * while it still sends the request) */
   bool eof;             /* no more requests will be read */
+  bool held;            /* process_input() stopped at the budget with
+                         * input left in rbuf */
   int64_t hs_deadline;  /* ms (monotonic): the handshake's end, 0: none */
   int64_t last_input;   /* ms (monotonic): when a request last arrived */
 

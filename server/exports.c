@@ -330,6 +330,31 @@ static size_t *export_order(const struct config *cf, bool *has_default) {
   return order;
 }
 
+/* --readonly-export: the exports each name means refuse writes, at the
+ * protocol (an nbdkit plugin's listed exports share one writable device).
+ * A name that means none fails the build. */
+static int apply_ro_names(struct build *b, bool has_default) {
+  struct export_set *s = b->s;
+  for (size_t k = 0; k < b->o->n_ro_names; k++) {
+    const char *name = b->o->ro_names[k];
+    bool found = false;
+    for (size_t i = 0; i < s->n; i++) {
+      bool alias = !*name && i == 0 && has_default;
+      if (!alias && strcmp(s->v[i].name, name))
+        continue;
+      found = true;
+      s->v[i].readonly = true;
+      s->hs[i].tflags = hs_export_of(&s->v[i]).tflags;
+    }
+    if (!found) {
+      snprintf(b->err, b->errlen, "--readonly-export '%.200s': no %s", name,
+               *name ? "such export" : "default export");
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static int build_all(struct build *b) {
   const struct config *cf = b->cf;
   bool has_default = false;
@@ -347,6 +372,8 @@ static int build_all(struct build *b) {
     r = add_export(b, order[k]);
   if (r == 0 && b->o->plugin)
     r = add_listed(b);
+  if (r == 0)
+    r = apply_ro_names(b, has_default);
   b->s->catalog = (struct hs_catalog){
       .v = b->s->hs, .n = b->s->n, .no_default = !has_default};
   for (size_t i = 0; b->keys && i < cf->n; i++)

@@ -57,8 +57,12 @@ struct exports_opts {
   const char *format; /* -f: for exports that name none */
   bool readonly;      /* -r: every export */
   bool share;         /* -U: images opened read-only lock no writer out */
-  bool plugin;        /* v[0] is an nbdkit plugin: add the exports it lists */
-  const char *file;   /* the config file, for messages; NULL: command line */
+  /* --readonly-export: these exports refuse writes ("" the default
+   * export); a name that is no export of the set fails the build. */
+  char *const *ro_names;
+  size_t n_ro_names;
+  bool plugin;      /* v[0] is an nbdkit plugin: add the exports it lists */
+  const char *file; /* the config file, for messages; NULL: command line */
 };
 
 /* Open (or reuse from SRV's live devices) what CF declares.  Returns a set

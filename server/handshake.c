@@ -136,17 +136,29 @@ static void reply_policy(struct hs_out *out, uint32_t opt, const uint8_t *name,
 }
 
 /* The export NAME names for OPT, or -1 after replying why it cannot be
- * used. */
+ * used.  A TLS-only export named in the clear: NBD_REP_ERR_TLS_REQD is
+ * for NBD_OPT_INFO and NBD_OPT_GO only (proto.md, SELECTIVETLS: "MUST NOT
+ * send NBD_REP_ERR_TLS_REQD in response to any option other than
+ * NBD_OPT_INFO, NBD_OPT_GO and NBD_OPT_EXPORT_NAME"); to the meta context
+ * options the server's policy refuses it (NBD_REP_ERR_POLICY: "known ...
+ * and syntactically valid, but server-side policy forbids"). */
 static int lookup(const struct hs_state *hs, const struct hs_catalog *cat,
                   uint32_t opt, const uint8_t *name, uint32_t len,
                   struct hs_out *out) {
   int idx = find_export(cat, name, len);
   uint32_t err = idx < 0 ? NBD_REP_ERR_UNKNOWN : access_error(hs, cat, idx);
+  bool may_tls_reqd = opt == NBD_OPT_INFO || opt == NBD_OPT_GO;
   switch (err) {
   case 0: return idx;
   case NBD_REP_ERR_UNKNOWN: reply_err(out, opt, err, "no such export"); break;
   case NBD_REP_ERR_POLICY: reply_policy(out, opt, name, len); break;
-  default: reply_err(out, opt, err, "export requires TLS"); break;
+  default:
+    if (may_tls_reqd)
+      reply_err(out, opt, err, "export requires TLS");
+    else
+      reply_err(out, opt, NBD_REP_ERR_POLICY,
+                "export requires TLS: use STARTTLS first");
+    break;
   }
   return -1;
 }
@@ -300,11 +312,13 @@ static unsigned match_context(const uint8_t *q, uint32_t len, bool list) {
   return 0;
 }
 
+/* The id is only meaningful for SET: proto.md says the id in
+ * LIST_META_CONTEXT replies "is reserved and SHOULD be set to zero". */
 static void send_context(struct hs_out *out, uint32_t opt, unsigned id) {
   const char *name = id == HS_CTX_BASE_ALLOCATION ? "base:allocation"
                                                   : "qemu:allocation-depth";
   uint8_t b[4];
-  put_be32(b, id);
+  put_be32(b, opt == NBD_OPT_SET_META_CONTEXT ? id : 0);
   reply(out, opt, NBD_REP_META_CONTEXT, b, 4, name, strlen(name));
 }
 

@@ -16,7 +16,7 @@ struct hs_export {
   uint16_t tflags; /* without the flags that depend on negotiation */
   uint32_t min_block, pref_block, max_block;
   bool unlisted;     /* reachable, but left out of NBD_OPT_LIST */
-  bool tls_required; /* usable only after STARTTLS (still listed before) */
+  bool tls_required; /* usable only after STARTTLS (not listed before) */
 };
 
 /* The exports on offer.  Zero-initialised fields keep the defaults: v[0]

@@ -169,12 +169,40 @@ static const char serve_usage[] =
 
 /* ---- exports ---- */
 
-/* Whether the export NAME must refuse writes. */
-static bool export_readonly(const struct serve_opts *o, const char *name) {
+/* Whether --readonly-export NAME means export E: its name, or "" for the
+ * default export (whatever its own name). */
+static bool ro_name_means(const char *name, const struct export_conf *e) {
+  return !strcmp(name, e->name) || (!*name && e->is_default);
+}
+
+/* Whether export E must refuse writes. */
+static bool export_readonly(const struct serve_opts *o,
+                            const struct export_conf *e) {
   for (size_t i = 0; i < o->n_ro_exports; i++)
-    if (!strcmp(o->ro_exports[i], name))
+    if (ro_name_means(o->ro_exports[i], e))
       return true;
   return o->readonly;
+}
+
+/* Every --readonly-export must name an export: ignoring one would leave
+ * writable what the user meant to protect.  Checked before any image is
+ * opened.  A plugin's exports are known only once it is loaded: exports.c
+ * checks those names. */
+static int check_ro_names(const struct serve_opts *o, const struct config *cf) {
+  for (size_t k = 0; k < o->n_ro_exports && !o->plugin; k++) {
+    const char *name = o->ro_exports[k];
+    size_t i = 0;
+    while (i < cf->n && !ro_name_means(name, &cf->v[i]))
+      i++;
+    if (i == cf->n) {
+      log_error("--readonly-export '%s': no %s %s%s", name,
+                *name ? "such export" : "default export",
+                o->config ? "in " : "on the command line",
+                o->config ? o->config : "");
+      return -1;
+    }
+  }
+  return 0;
 }
 
 /* The command line's IMAGE... as a configuration: NAME=PATH or PATH, the
@@ -198,7 +226,9 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
     e->is_default = i == 0;
     if (!e->name || !e->path)
       return -1;
-    e->readonly = export_readonly(o, e->name);
+    /* A plugin's device serves its listed exports too: it stays writable
+     * and exports.c makes the named exports read-only. */
+    e->readonly = o->plugin ? o->readonly : export_readonly(o, e);
     for (int j = 0; j < i; j++) {
       if (strcmp(cf->v[j].name, e->name) == 0) {
         log_error("export name '%s' is used twice", e->name);
@@ -206,7 +236,7 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
       }
     }
   }
-  return 0;
+  return check_ro_names(o, cf);
 }
 
 /* Read the config file.  Returns 0, or -1 with the reason logged. */
@@ -217,7 +247,11 @@ static int config_read(const struct serve_opts *o, struct config *cf) {
     return -1;
   }
   for (size_t i = 0; i < cf->n; i++)
-    cf->v[i].readonly |= export_readonly(o, cf->v[i].name);
+    cf->v[i].readonly |= export_readonly(o, &cf->v[i]);
+  if (check_ro_names(o, cf) < 0) {
+    config_free(cf);
+    return -1;
+  }
   return 0;
 }
 
@@ -227,6 +261,8 @@ static int exports_open(struct server *srv, const struct config *cf,
   struct exports_opts eo = {.format = o->format,
                             .readonly = o->readonly,
                             .share = o->force_share,
+                            .ro_names = o->ro_exports,
+                            .n_ro_names = o->n_ro_exports,
                             .plugin = o->plugin != NULL,
                             .file = o->config};
   char err[1024];
@@ -411,6 +447,37 @@ static int listen_unix(const char *path, int mode) {
   return fd;
 }
 
+/* One listening TCP socket for AI, or -errno. */
+static int listen_one(const struct addrinfo *ai) {
+  int fd =
+      socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+  if (fd < 0)
+    return -errno;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  /* IPv4 and IPv6 wildcards on one port: each socket its own family. */
+  if (ai->ai_family == AF_INET6)
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+/* A host without IPv6 cannot listen on "::".  That is no reason to fail
+ * when the user asked for no address: the IPv4 half serves. */
+static bool no_ipv6_here(const struct addrinfo *ai, int err) {
+  return ai->ai_family == AF_INET6 &&
+         (err == EAFNOSUPPORT || err == EADDRNOTAVAIL ||
+          err == EPROTONOSUPPORT);
+}
+
+/* Listen on every address ADDR (NULL: the IPv4 and IPv6 wildcards) has
+ * for PORT.  Every one must work: a server that says "ready" while one of
+ * its addresses belongs to another program would send that program's
+ * clients away.  Returns the number of sockets in FDS, or -1 (logged). */
 static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM,
@@ -422,26 +489,35 @@ static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
     return -1;
   }
   int n = 0;
-  for (struct addrinfo *ai = res; ai && n < max; ai = ai->ai_next) {
-    int fd =
-        socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (ai->ai_family == AF_INET6)
-      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 ||
-        listen(fd, SOMAXCONN) < 0) {
-      log_error("bind %s port %s: %s", addr ? addr : "*", port,
-                strerror(errno));
-      close(fd);
+  bool failed = false;
+  for (struct addrinfo *ai = res; ai && !failed; ai = ai->ai_next) {
+    int fd = n < max ? listen_one(ai) : -EMFILE;
+    if (fd >= 0) {
+      fds[n++] = fd;
       continue;
     }
-    fds[n++] = fd;
+    bool v6 = ai->ai_family == AF_INET6;
+    char host[NI_MAXHOST] = "?";
+    getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof host, NULL, 0,
+                NI_NUMERICHOST);
+    if (!addr && no_ipv6_here(ai, -fd)) {
+      log_warn("cannot listen on [%s] port %s: %s; IPv4 only", host, port,
+               strerror(-fd));
+      continue;
+    }
+    log_error("cannot listen on %s%s%s port %s: %s", v6 ? "[" : "", host,
+              v6 ? "]" : "", port, strerror(-fd));
+    failed = true;
   }
   freeaddrinfo(res);
-  return n > 0 ? n : -1;
+  if (!failed && n == 0)
+    log_error("%s port %s: no address to listen on", addr ? addr : "*", port);
+  if (failed || n == 0) {
+    for (int i = 0; i < n; i++)
+      close(fds[i]);
+    return -1;
+  }
+  return n;
 }
 
 static void describe_peer(int fd, const struct sockaddr_storage *ss, char *out,
@@ -493,8 +569,8 @@ static void accept_one(struct server *srv, int lfd) {
   conn_start(srv, fd, peer, &ss);
 }
 
-/* Take the sockets systemd passed, if any.  Returns their number, -1 on
- * error (1), -2 on a usage error (2). */
+/* Take the sockets systemd passed, if any.  Returns their number, or -1
+ * (an error, or a usage error: options that conflict with them). */
 static int take_activated(struct serve_opts *o, int *lfds) {
   int n = sd_listen_fds(lfds, MAX_LISTENERS);
   if (n <= 0)
@@ -511,7 +587,7 @@ static int take_activated(struct serve_opts *o, int *lfds) {
             opt, n);
     for (int i = 0; i < n; i++)
       close(lfds[i]);
-    return -2;
+    return -1;
   }
   return n;
 }
@@ -528,6 +604,16 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
       break;
     used += (size_t)w;
   }
+}
+
+/* --metrics on the port the NBD server listens on cannot bind (the
+ * kernel sees the overlap); say so plainly. */
+static void explain_metrics_failure(const struct serve_opts *o) {
+  char host[256], mport[8];
+  if (o->port &&
+      metrics_parse_addr(o->metrics, host, sizeof host, mport, sizeof mport) &&
+      atoi(mport) == atoi(o->port))
+    log_error("--metrics %s: port %s is the NBD port", o->metrics, o->port);
 }
 
 /* Tell systemd (Type=notify) that clients can connect now. */
@@ -808,7 +894,8 @@ static void print_export(const struct export_conf *c,
 /* Load what the exports need before opening them: TLS credentials (an
  * export may require TLS), and the configuration, from --config or from
  * the command line's images or plugin.  *PLUGIN is the caller's to free.
- * Returns 0, or the exit status: 2 for a bad file, 1 otherwise. */
+ * Returns 0, or --check-config's exit status: 2 for a bad file (or
+ * options that do not fit it), 1 otherwise. */
 static int read_exports(struct server *srv, struct serve_opts *o, int argc,
                         char **argv, struct config *cf, char **plugin) {
   /* --plugin: one image, the plugin with the arguments as parameters. */
@@ -874,8 +961,9 @@ int serve_main(int argc, char **argv) {
       .lock = PTHREAD_MUTEX_INITIALIZER,
       .cond = PTHREAD_COND_INITIALIZER,
   };
+  /* Usage errors exit 1, as qemu-img's do. */
   if (parse_opts(argc, argv, &o, &srv) < 0)
-    return 1; /* usage errors: qemu-img's convention */
+    return 1;
   if (o.check_config)
     return check_exports(&srv, &o, argc, argv);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
@@ -904,11 +992,8 @@ int serve_main(int argc, char **argv) {
   struct config cf = {0};
   struct metrics_http *mhttp = NULL;
   char *plugin = NULL;
-  int r = read_exports(&srv, &o, argc, argv, &cf, &plugin);
-  if (r) {
-    ret = r;
+  if (read_exports(&srv, &o, argc, argv, &cf, &plugin) != 0)
     goto out;
-  }
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
     log_error("--metrics: out of memory");
     goto out;
@@ -916,12 +1001,8 @@ int serve_main(int argc, char **argv) {
   if (exports_open(&srv, &cf, &o) < 0)
     goto out;
   config_free(&cf);
-  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics)))
-    goto out;
-  if (bd_pool_start(o.workers) < 0) {
-    log_error("cannot start the worker pool");
-    goto out;
-  }
+  /* Every address first, metrics last: nothing is served unless all of
+   * them could be bound. */
   if (o.unix_path) {
     if ((lfds[nl] = listen_unix(o.unix_path, o.unix_mode)) < 0)
       goto out;
@@ -933,6 +1014,14 @@ int serve_main(int argc, char **argv) {
     if (n < 0)
       goto out;
     nl += n;
+  }
+  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics))) {
+    explain_metrics_failure(&o);
+    goto out;
+  }
+  if (bd_pool_start(o.workers) < 0) {
+    log_error("cannot start the worker pool");
+    goto out;
   }
   if (srv.tls != HS_TLS_OFF)
     log_info("TLS %s: %s%s%s%s", srv.tls == HS_TLS_REQUIRE ? "required" : "on",

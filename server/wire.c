@@ -25,12 +25,17 @@ int nbd_parse_request(const uint8_t *buf, size_t avail, bool extended,
 
 uint64_t nbd_request_payload(const struct nbd_tx *tx,
                              const struct nbd_request *req) {
-  if (req->type == NBD_CMD_WRITE)
-    return req->length;
-  /* With extended headers any command may carry a payload it announces. */
-  if (tx->extended && (req->flags & NBD_CMD_FLAG_PAYLOAD_LEN))
-    return req->length;
-  return 0;
+  /* With extended headers the flag alone says whether a payload follows,
+   * for any command: a WRITE without it has none (and is refused). */
+  if (tx->extended)
+    return (req->flags & NBD_CMD_FLAG_PAYLOAD_LEN) ? req->length : 0;
+  return req->type == NBD_CMD_WRITE ? req->length : 0;
+}
+
+bool nbd_request_overlong(const struct nbd_tx *tx,
+                          const struct nbd_request *req) {
+  return tx->extended && (req->flags & NBD_CMD_FLAG_PAYLOAD_LEN) &&
+         req->length > tx->max_payload;
 }
 
 /* Flags each command accepts; FUA is accepted (and ignored) everywhere the
@@ -65,6 +70,11 @@ uint32_t nbd_validate_request(const struct nbd_tx *tx,
   uint16_t type = req->type;
   if (type > NBD_CMD_BLOCK_STATUS || type == NBD_CMD_DISC) {
     *msg = "unknown command";
+    return NBD_EINVAL;
+  }
+  if (type == NBD_CMD_WRITE && tx->extended &&
+      !(req->flags & NBD_CMD_FLAG_PAYLOAD_LEN)) {
+    *msg = "write without NBD_CMD_FLAG_PAYLOAD_LEN (extended headers)";
     return NBD_EINVAL;
   }
   /* Read-only first: a write with FUA on a read-only export is refused for

@@ -23,7 +23,8 @@ struct nbd_tx {
   bool structured;      /* structured replies negotiated */
   bool extended;        /* extended headers negotiated */
   unsigned ncontexts;   /* meta contexts selected */
-  uint32_t max_payload; /* largest READ/WRITE accepted */
+  uint32_t max_payload; /* largest READ/WRITE accepted: the advertised
+                         * maximum block size */
 };
 
 /* Parse one request header at BUF.  Returns the header size consumed, 0 if
@@ -32,9 +33,17 @@ struct nbd_tx {
 int nbd_parse_request(const uint8_t *buf, size_t avail, bool extended,
                       struct nbd_request *req);
 
-/* Bytes of payload that follow the header on the wire. */
+/* Bytes of payload that follow the header on the wire: with extended
+ * headers, LENGTH when NBD_CMD_FLAG_PAYLOAD_LEN is set (any command), else
+ * none; with compact headers, LENGTH for NBD_CMD_WRITE only. */
 uint64_t nbd_request_payload(const struct nbd_tx *tx,
                              const struct nbd_request *req);
+
+/* An extended request announcing a payload larger than the advertised
+ * maximum: the spec says the server SHOULD hard-disconnect rather than
+ * read it. */
+bool nbd_request_overlong(const struct nbd_tx *tx,
+                          const struct nbd_request *req);
 
 /* Check a request against the spec and the export.  Returns 0, or the NBD
  * error to reply with and a message in *MSG. */

@@ -138,8 +138,12 @@ static size_t check_replies(const struct hs_state *hs, const struct hs_out *out,
       CHECK(opt == NBD_OPT_LIST_META_CONTEXT ||
             opt == NBD_OPT_SET_META_CONTEXT);
       CHECK(len > 4);
-      CHECK(get_be32(d) == HS_CTX_BASE_ALLOCATION ||
-            get_be32(d) == HS_CTX_ALLOCATION_DEPTH);
+      /* LIST's ids are reserved, zero; SET's are the ones conn.c knows. */
+      if (opt == NBD_OPT_LIST_META_CONTEXT)
+        CHECK(get_be32(d) == 0);
+      else
+        CHECK(get_be32(d) == HS_CTX_BASE_ALLOCATION ||
+              get_be32(d) == HS_CTX_ALLOCATION_DEPTH);
       break;
     default:
       CHECK(type & 0x80000000u);
@@ -192,11 +196,18 @@ static void check_named(const struct hs_state *hs, uint32_t opt,
     CHECK(usable(hs, idx));
   else if (first == NBD_REP_ERR_UNKNOWN)
     CHECK(idx < 0);
-  else if (first == NBD_REP_ERR_POLICY)
-    CHECK(idx >= 0 && (size_t)idx == refused);
-  else
-    CHECK(idx >= 0 && (size_t)idx != refused && exports[idx].tls_required &&
+  else if (first == NBD_REP_ERR_TLS_REQD)
+    /* SELECTIVETLS: TLS_REQD for INFO and GO only. */
+    CHECK((opt == NBD_OPT_INFO || opt == NBD_OPT_GO) && idx >= 0 &&
+          (size_t)idx != refused && exports[idx].tls_required &&
           !hs->tls_active);
+  else if (idx >= 0 && (size_t)idx != refused)
+    /* POLICY for an admitted export: a TLS-only one named in the clear to
+     * a meta context option. */
+    CHECK(opt != NBD_OPT_INFO && opt != NBD_OPT_GO &&
+          exports[idx].tls_required && !hs->tls_active);
+  else
+    CHECK(idx >= 0 && (size_t)idx == refused);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

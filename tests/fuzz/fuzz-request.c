@@ -53,10 +53,14 @@ static bool is_write(uint16_t t) {
 static void check_request(const struct nbd_tx *tx,
                           const struct nbd_request *r) {
   uint64_t payload = nbd_request_payload(tx, r);
-  if (r->type == NBD_CMD_WRITE)
-    CHECK(payload == r->length);
-  else if (!(tx->extended && (r->flags & NBD_CMD_FLAG_PAYLOAD_LEN)))
-    CHECK(payload == 0);
+  bool plen = r->flags & NBD_CMD_FLAG_PAYLOAD_LEN;
+  if (tx->extended)
+    CHECK(payload == (plen ? r->length : 0));
+  else
+    CHECK(payload == (r->type == NBD_CMD_WRITE ? r->length : 0));
+  /* Overlong is the extended, announced payload above the maximum only. */
+  CHECK(nbd_request_overlong(tx, r) ==
+        (tx->extended && plen && r->length > tx->max_payload));
 
   const char *msg = NULL;
   uint32_t err = nbd_validate_request(tx, r, &msg);
@@ -71,6 +75,8 @@ static void check_request(const struct nbd_tx *tx,
   CHECK(!(r->flags & ~0x3fu));
   if (!tx->extended)
     CHECK(!(r->flags & NBD_CMD_FLAG_PAYLOAD_LEN));
+  if (tx->extended && r->type == NBD_CMD_WRITE)
+    CHECK(plen); /* else the next header would be taken for data */
   if (!tx->structured)
     CHECK(!(r->flags & NBD_CMD_FLAG_DF));
   if (r->flags & NBD_CMD_FLAG_FUA)

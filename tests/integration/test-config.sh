@@ -14,7 +14,7 @@ cd "$T"
 
 # ---- files the server refuses at startup ----
 
-check "an invalid config file is refused at startup with FILE:LINE: reason"
+check "an invalid config file is refused at startup with FILE:LINE: reason (exit 1)"
 bad() { # bad LINE PATTERN: the file on stdin is refused naming LINE
   local want_line=$1 pattern=$2 rc=0
   cat >bad.conf
@@ -384,6 +384,34 @@ qemu-io -f qcow2 -c 'read -P 0x46 0 1M' -c 'read -P 0x98 1M 64k' \
 qemu-io -f qcow2 -c 'read -P 0x47 0 1M' -c 'read -P 0x77 1M 1M' \
   -c 'read -P 0x99 2M 64k' images/golden.qcow2 >/dev/null || fail "golden.qcow2 content"
 ok "golden.qcow2 and frozen.qcow2 clean and hold every write"
+
+check "--readonly-export naming no export of the file is an error, at start and on SIGHUP"
+printf '[export ro]\npath = memory:1M\ndefault = yes\n\n[export rw]\npath = memory:1M\n' >exports.conf
+rc=0
+"$BLOCKPORT" serve --unix "$T/x.sock" --readonly-export nosuch --config exports.conf 2>err.txt || rc=$?
+[[ $rc -eq 1 ]] && grep -q "readonly-export 'nosuch': no such export in exports.conf" err.txt ||
+  { cat err.txt; fail "start: exit $rc, expected 1 and the name"; }
+[[ ! -e $T/x.sock ]] || fail "a socket was created for a refused start"
+rc=0
+"$BLOCKPORT" serve --check-config --readonly-export nosuch --config exports.conf >out.txt 2>err.txt ||
+  rc=$?
+[[ $rc -eq 1 ]] && grep -q "'nosuch'" err.txt || { cat err.txt; fail "--check-config: exit $rc, expected 1"; }
+# "" is the default export, whatever its name.
+start_server --readonly-export "" --config exports.conf
+nbdinfo --json "$(export_uri ro)" | grep -q '"is_read_only": true' ||
+  fail "--readonly-export '' left the default export 'ro' writable"
+nbdinfo --json "$(export_uri rw)" | grep -q '"is_read_only": false' || fail "rw is read-only"
+n=$(grep -c "keeping the current configuration" "$LOG" || true)
+printf '[export ro]\npath = memory:1M\n\n[export rw]\npath = memory:1M\n' >exports.conf
+kill -HUP "$SERVER_PID"
+for _ in $(seq 100); do (($(grep -c "keeping the current" "$LOG") > n)) && break; sleep 0.1; done
+grep -q "readonly-export '': no default export in exports.conf" "$LOG" ||
+  { tail -5 "$LOG"; fail "the reload did not name the option"; }
+server_alive || fail "the server died on the reload"
+nbdinfo --json "$(export_uri ro)" | grep -q '"is_read_only": true' ||
+  fail "'ro' writable after a refused reload"
+stop_server
+ok "exit 1 (--check-config: 2); the refused reload kept 'ro' read-only"
 
 check "--metrics over a reload: counters kept by name, removed exports shown 0"
 printf '[export m1]\npath = memory:8M\n\n[export m2]\npath = null:8M\n' >exports.conf

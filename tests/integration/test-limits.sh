@@ -3,8 +3,11 @@
 # trickles bytes in the handshake is cut at --handshake-timeout; an idle
 # client at --idle-timeout (one with requests in flight is not idle);
 # --allow admits TCP clients by address and refuses the rest at accept,
-# before any thread is spent; --unix-mode sets the socket's permissions.
-# After each, the server serves a fresh client.
+# before any thread is spent; --unix-mode sets the socket's permissions;
+# --readonly-export protects the export it names (the default export for
+# "", an nbdkit plugin's listed ones too) and a name that is no export is
+# a usage error, as every usage error of serve exits 1.  After each, the
+# server serves a fresh client.
 source "$(dirname "$0")/lib.sh"
 require nbdinfo
 cd "$T"
@@ -111,3 +114,47 @@ nbdinfo --json "$(export_uri ro)" | grep -q '"is_read_only": true' ||
 stop_server
 cmp -n 65536 disk2.img /dev/zero || fail "the read-only export was written"
 ok "writes refused on ro only"
+
+check "--readonly-export: a name that is no export is a usage error"
+rc=0
+"$BLOCKPORT" serve --unix "$T/x.sock" --readonly-export r0 rw=disk.img ro=disk2.img \
+  2>err.txt || rc=$?
+[ $rc -eq 1 ] && grep -q "readonly-export 'r0': no such export" err.txt ||
+  { cat err.txt; fail "a misspelt name: exit $rc, expected 1"; }
+[ ! -e "$T/x.sock" ] || fail "a socket was created for a refused start"
+ok "exit status 1, nothing served"
+
+check "--readonly-export '': the default export, whatever its name"
+start_server --readonly-export "" first=disk.img second=disk2.img
+nbdinfo --json "$(export_uri first)" | grep -q '"is_read_only": true' ||
+  fail "the default export 'first' is writable"
+nbdinfo --json "$(export_uri second)" | grep -q '"is_read_only": false' ||
+  fail "'second' is read-only"
+stop_server
+ok "'first' read-only, 'second' writable"
+
+if [[ -n ${OVERLAP_PLUGIN:-} && -e ${OVERLAP_PLUGIN:-} ]]; then
+  check "--readonly-export: an nbdkit plugin's listed exports, one by one"
+  start_server --readonly-export one --plugin "$OVERLAP_PLUGIN" exports=true delay=0
+  nbdinfo --json "$(export_uri one)" | grep -q '"is_read_only": true' ||
+    fail "listed export 'one' is writable"
+  nbdinfo --json "$(export_uri two)" | grep -q '"is_read_only": false' ||
+    fail "listed export 'two' is read-only"
+  stop_server
+  rc=0
+  "$BLOCKPORT" serve --unix "$T/x.sock" --readonly-export three \
+    --plugin "$OVERLAP_PLUGIN" exports=true delay=0 2>err.txt || rc=$?
+  [ $rc -eq 1 ] && grep -q "readonly-export 'three': no such export" err.txt ||
+    { cat err.txt; fail "a name the plugin does not list: exit $rc, expected 1"; }
+  ok "'one' read-only, 'two' writable; an unlisted name refused"
+fi
+
+check "serve's usage errors exit 1"
+for args in "--no-such-option memory:1M" "--max-requests 0 memory:1M" \
+  "--port 70000 memory:1M" "--tls maybe memory:1M" ""; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$BLOCKPORT" serve --unix "$T/x.sock" $args >/dev/null 2>err.txt || rc=$?
+  [ $rc -eq 1 ] || { cat err.txt; fail "serve $args: exit $rc, expected 1"; }
+done
+ok "exit status 1"

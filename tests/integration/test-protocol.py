@@ -733,6 +733,76 @@ def block_status_payload_invalid(t):
         c.disconnect()
 
 
+def _send_untracked_reply(c, cookie, rtype, offset, length, hdr):
+    """Send HDR as the raw request COOKIE and expect a reply to it."""
+    req = nw.Request(cookie, rtype, 0, offset, length, True, b"")
+    c.pending[cookie] = req
+    c.replies[cookie] = nw.Reply(req)
+    c.send_raw(hdr)
+
+
+@case
+def extended_write_without_payload_len(t):
+    """Extended headers: a WRITE MUST set NBD_CMD_FLAG_PAYLOAD_LEN; without
+    it "there is no payload after the header" (proto.md).  The server
+    refuses it with EINVAL and reads the next bytes as the next request,
+    never as data."""
+    with Server(t, ["memory:1M"]) as s:
+        c = s.client(extended=True)
+        ok_reply(c.write(0, pattern(4096, 7)), "write")
+        for flags in (0, NBD_CMD_FLAG_FUA):
+            ck = c.new_cookie()
+            _send_untracked_reply(c, ck, NBD_CMD_WRITE, 0, 32, struct.pack(
+                ">IHHQQQ", nw.NBD_EXTENDED_REQUEST_MAGIC, flags,
+                NBD_CMD_WRITE, ck, 0, 32))
+            rd = c.send_request(NBD_CMD_READ, 0, 4096)
+            err_reply(c.wait(ck), nw.NBD_EINVAL,
+                      "WRITE without PAYLOAD_LEN (flags 0x%x)" % flags)
+            r = ok_reply(c.wait(rd), "READ sent right after it")
+            eq(r.content(), pattern(4096, 7),
+               "data (the READ header was written to the disk?)")
+        c.disconnect()
+
+
+@case
+def extended_payload_over_maximum_disconnects(t):
+    """Extended headers, NBD_CMD_FLAG_PAYLOAD_LEN with a length above the
+    advertised maximum payload: "a server SHOULD initiate hard disconnect"
+    (proto.md), not read and discard it.  Requests before it are answered;
+    other connections carry on."""
+    with Server(t, ["memory:64M"]) as s:
+        keep = s.client(extended=True)
+        for cmd in (NBD_CMD_WRITE, NBD_CMD_READ, nw.NBD_CMD_BLOCK_STATUS):
+            c = s.connect()
+            c.handshake()
+            rep_eq(c.opt_extended_headers(), nw.NBD_REP_ACK, "EXTENDED")
+            res = c.opt_go("", [nw.NBD_INFO_BLOCK_SIZE])
+            rep_eq(res, nw.NBD_REP_ACK, "GO")
+            mx = res.info["max_block"]
+            ok_reply(c.write(0, pattern(4096, 8)), "write")
+            rd = c.send_request(NBD_CMD_READ, 0, 4096)
+            c.send_raw(struct.pack(">IHHQQQ", nw.NBD_EXTENDED_REQUEST_MAGIC,
+                                   nw.NBD_CMD_FLAG_PAYLOAD_LEN, cmd, 999, 0,
+                                   mx + 1) + b"p" * 65536)
+            r = ok_reply(c.wait(rd), "READ before the overlong request")
+            eq(r.content(), pattern(4096, 8), "data")
+            t0 = time.monotonic()
+            closed, got = c.drain_until_closed(wait=5)
+            check(closed, "command %d with a %d-byte payload (max %d): the "
+                  "connection is still open" % (cmd, mx + 1, mx))
+            eq(got, b"", "reply to the overlong request")
+            check(time.monotonic() - t0 < 3, "closed only after %.1f s"
+                  % (time.monotonic() - t0))
+            c.close()
+        # At the maximum itself, a payload is read and refused (or served).
+        r = keep.request(NBD_CMD_READ, 0, 16, nw.NBD_CMD_FLAG_PAYLOAD_LEN,
+                         bytes(16))
+        err_reply(r, nw.NBD_EINVAL, "READ with a 16-byte payload")
+        r = ok_reply(keep.read(0, 4096), "read on the other connection")
+        eq(r.content(), pattern(4096, 8), "data")
+        keep.disconnect()
+
+
 @case
 def extended_and_structured_interplay(t):
     with Server(t, ["memory:64M"]) as s:

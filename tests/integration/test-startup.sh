@@ -2,13 +2,17 @@
 # Start-up and command-line error handling: bad invocations exit non-zero
 # promptly, write no pid file and leave no socket behind; an existing
 # regular file at the --unix path is never destroyed; a stale socket left by
-# a killed server is reused; a TCP port in use is reported, not hung on.
+# a killed server is reused; a TCP port in use is reported, not hung on, and
+# ends the start even when only one of its addresses (IPv4, IPv6, --metrics)
+# is taken.
 source "$(dirname "$0")/lib.sh"
 require nbdinfo truncate
 require_py_nbd
 
 # expect_startup_failure DESC ARGS...: run `blockport serve ARGS...`, which
-# must exit non-zero within 10 s.
+# must exit non-zero within 10 s; its status is left in STARTUP_RC, its
+# output in $T/err.out.
+STARTUP_RC=
 expect_startup_failure() {
     local desc=$1 rc=0
     shift
@@ -22,6 +26,7 @@ expect_startup_failure() {
     if grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$T/err.out"; then
         fail_soft "$desc: sanitizer report on the error path (see above)"
     fi
+    STARTUP_RC=$rc
     ok "exit status $rc"
 }
 
@@ -65,6 +70,74 @@ expect_startup_failure "port $busy busy" --bind 127.0.0.1 --port "$busy" --pid-f
 [[ ! -e $T/p5 ]] || fail_soft "pid file written although bind failed"
 kill "$holder"
 wait "$holder" 2>/dev/null || true
+
+# hold ADDR: another program listens on ADDR (IPv6 ones v6-only), on a port
+# the kernel picks: HELD.
+hold() {
+    rm -f "$T/held.port"
+    "$PY" - "$1" >"$T/held.port" <<'EOF' &
+import socket, sys, time
+fam = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(fam)
+if fam == socket.AF_INET6:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+s.bind((sys.argv[1], 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+EOF
+    HOLDER=$!
+    track_pid "$HOLDER"
+    for _ in $(seq 100); do [[ -s $T/held.port ]] && break; sleep 0.05; done
+    HELD=$(cat "$T/held.port")
+    [[ -n $HELD ]] || fail "could not listen on $1"
+}
+have_ipv6() {
+    "$PY" -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null
+}
+
+check "every listen address must bind: a port taken on IPv4 or IPv6 alone"
+for addr in 0.0.0.0 ::; do
+    if ! have_ipv6; then
+        echo "  (no IPv6 here: the IPv6 wildcard is left out, nothing to test)"
+        break
+    fi
+    hold "$addr"
+    expect_startup_failure "port $HELD taken on $addr only" \
+        --port "$HELD" --pid-file "$T/p9" "memory:1M"
+    [[ $STARTUP_RC -eq 1 ]] || fail "exit status $STARTUP_RC, expected 1"
+    grep -q "cannot listen on .* port $HELD: Address already in use" "$T/err.out" ||
+        fail "no message naming the address"
+    ! grep -q "info: ready" "$T/err.out" || fail "ready although $addr is taken"
+    [[ ! -e $T/p9 ]] || fail "pid file written although $addr is taken"
+    kill "$HOLDER"
+    wait "$HOLDER" 2>/dev/null || true
+done
+ok "exit status 1, nothing served"
+
+check "--metrics on the NBD port: exit status 1, nothing served"
+for bind in "" 127.0.0.1; do
+    P=$(_free_port)
+    expect_startup_failure "--metrics 127.0.0.1:$P, NBD on ${bind:-*}:$P" \
+        ${bind:+--bind "$bind"} --port "$P" --metrics "127.0.0.1:$P" \
+        --pid-file "$T/p10" "memory:1M"
+    [[ $STARTUP_RC -eq 1 ]] || fail "exit status $STARTUP_RC, expected 1"
+    grep -q "port $P is the NBD port" "$T/err.out" || fail "no clear message"
+    ! grep -q "info: ready" "$T/err.out" || fail "ready with --metrics on the NBD port"
+    [[ ! -e $T/p10 ]] || fail "pid file written"
+done
+ok "refused"
+
+check "without --bind: IPv4 and IPv6 on one port"
+P=$(_free_port)
+_launch --port "$P" -- "memory:1M"
+_wait_started || fail "the server did not start on port $P"
+run nbdinfo --size "nbd://127.0.0.1:$P" | grep -qx 1048576 || fail "IPv4"
+if have_ipv6; then
+    run nbdinfo --size "nbd://[::1]:$P" | grep -qx 1048576 || fail "IPv6"
+fi
+stop_server
+ok "served on both"
 
 check "an existing regular file at the --unix path is not destroyed"
 printf 'precious data\n' >"$T/notasocket"

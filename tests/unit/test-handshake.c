@@ -721,19 +721,29 @@ Test(modes, extended_drops_contexts) {
 
 TestSuite(meta, .init = setup, .fini = teardown);
 
-/* Check a META_CONTEXT reply. */
-static void check_ctx(const struct rep *r, uint32_t opt, uint32_t id) {
-  const char *name = id == HS_CTX_BASE_ALLOCATION ? "base:allocation"
-                                                  : "qemu:allocation-depth";
+/* Check a META_CONTEXT reply; returns which context it names (1 base,
+ * 2 depth).  Its id: the one conn.c knows for SET; for LIST "reserved and
+ * SHOULD be set to zero" (proto.md). */
+static unsigned check_ctx(const struct rep *r, uint32_t opt) {
   cr_assert_eq(r->opt, opt);
   cr_assert_eq(r->type, NBD_REP_META_CONTEXT);
-  cr_assert_eq(r->len, 4 + strlen(name));
-  cr_assert_eq(get_be32(r->data), id);
-  cr_assert_arr_eq(r->data + 4, name, strlen(name));
+  cr_assert_geq(r->len, 4);
+  const char *name = (const char *)r->data + 4;
+  size_t len = r->len - 4;
+  unsigned which = len == 15 && !memcmp(name, "base:allocation", 15) ? 1
+                   : len == 21 && !memcmp(name, "qemu:allocation-depth", 21)
+                       ? 2
+                       : 0;
+  cr_assert_neq(which, 0, "context '%.*s'", (int)len, name);
+  uint32_t want = opt == NBD_OPT_LIST_META_CONTEXT ? 0
+                  : which == 1                     ? HS_CTX_BASE_ALLOCATION
+                                                   : HS_CTX_ALLOCATION_DEPTH;
+  cr_assert_eq(get_be32(r->data), want, "id of '%.*s'", (int)len, name);
+  return which;
 }
 
-/* Run a meta context option; returns the context ids replied, in order,
- * as a number (base = 1, depth = 2, both = 12), asserting a final ACK. */
+/* Run a meta context option; returns the contexts replied, in order, as a
+ * number (base = 1, depth = 2, both = 12), asserting a final ACK. */
 static unsigned run_meta(uint32_t opt, const char *name,
                          const char *const *queries) {
   struct buf b = meta_data(name, queries);
@@ -745,11 +755,8 @@ static unsigned run_meta(uint32_t opt, const char *name,
   cr_assert_eq(v[n - 1].type, NBD_REP_ACK, "last reply 0x%x", v[n - 1].type);
   cr_assert_eq(v[n - 1].len, 0);
   unsigned ids = 0;
-  for (size_t i = 0; i + 1 < n; i++) {
-    uint32_t id = get_be32(v[i].data);
-    check_ctx(&v[i], opt, id);
-    ids = ids * 10 + id;
-  }
+  for (size_t i = 0; i + 1 < n; i++)
+    ids = ids * 10 + check_ctx(&v[i], opt);
   return ids;
 }
 
@@ -794,13 +801,36 @@ Test(meta, list_empty_query_returns_all) {
   cr_assert_eq(run_meta(NBD_OPT_LIST_META_CONTEXT, "", NULL), 12);
 }
 
+/* proto.md, NBD_OPT_LIST_META_CONTEXT: "The metadata context ID in these
+ * replies is reserved and SHOULD be set to zero". */
+Test(meta, list_ids_are_zero_set_ids_are_not) {
+  negotiate_structured();
+  uint32_t opts[] = {NBD_OPT_LIST_META_CONTEXT, NBD_OPT_SET_META_CONTEXT};
+  const char *q[] = {"base:allocation", "qemu:allocation-depth", NULL};
+  for (int k = 0; k < 2; k++) {
+    struct buf b = meta_data("main", q);
+    cr_assert_eq(opt_buf(opts[k], &b), HS_CONTINUE);
+    struct rep v[4];
+    cr_assert_eq(parse_replies(&out, v, 4), 3);
+    for (int i = 0; i < 2; i++) {
+      cr_assert_eq(v[i].type, NBD_REP_META_CONTEXT);
+      if (opts[k] == NBD_OPT_LIST_META_CONTEXT)
+        cr_assert_eq(get_be32(v[i].data), 0, "LIST reply %d", i);
+      else
+        cr_assert_neq(get_be32(v[i].data), 0, "SET reply %d", i);
+    }
+    if (opts[k] == NBD_OPT_SET_META_CONTEXT)
+      cr_assert_neq(get_be32(v[0].data), get_be32(v[1].data));
+  }
+}
+
 Test(meta, list_bytes) {
   negotiate_structured();
   const char *q[] = {"base:allocation", NULL};
   run_meta(NBD_OPT_LIST_META_CONTEXT, "main", q);
   static const uint8_t want[] = {
       0,   0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0,    0,    0,    9,
-      0,   0,    0,    4,    0,    0,    0,    19,   0,    0,    0,    1,
+      0,   0,    0,    4,    0,    0,    0,    19,   0,    0,    0,    0,
       'b', 'a',  's',  'e',  ':',  'a',  'l',  'l',  'o',  'c',  'a',  't',
       'i', 'o',  'n',  0,    0x03, 0xe8, 0x89, 0x04, 0x55, 0x65, 0xa9, 0,
       0,   0,    9,    0,    0,    0,    1,    0,    0,    0,    0};
@@ -1255,9 +1285,12 @@ Test(policy, meta_context_refused) {
     m = meta_data("private", q);
     cr_assert_eq(popt(opts[k], &m), HS_CONTINUE);
     want_error(opts[k], NBD_REP_ERR_POLICY, private_refused);
+    /* Not TLS_REQD: SELECTIVETLS keeps that for INFO, GO and
+     * EXPORT_NAME. */
     m = meta_data("secure", q);
     cr_assert_eq(popt(opts[k], &m), HS_CONTINUE);
-    want_error(opts[k], NBD_REP_ERR_TLS_REQD, "export requires TLS");
+    want_error(opts[k], NBD_REP_ERR_POLICY,
+               "export requires TLS: use STARTTLS first");
   }
   /* The refused SET left the earlier selection alone. */
   cr_assert(hs.ctx_base);

@@ -181,6 +181,77 @@ Test(payload, other_commands_carry_none) {
   }
 }
 
+/* proto.md (extended headers): "if the flag is clear, the header length
+ * is instead an effect length ... and there is no payload after the
+ * header" -- for WRITE too, which MUST set it: the bytes after such a
+ * header are the next request, not data. */
+Test(payload, extended_write_without_payload_len_has_none) {
+  struct nbd_tx tx = tx_ext();
+  struct nbd_request r = req(NBD_CMD_WRITE, 0, 0, 32);
+  cr_assert_eq(nbd_request_payload(&tx, &r), 0);
+  r.flags = NBD_CMD_FLAG_FUA;
+  cr_assert_eq(nbd_request_payload(&tx, &r), 0);
+  /* Compact headers have no flag: a WRITE always carries its length. */
+  tx = tx_plain();
+  r.flags = 0;
+  cr_assert_eq(nbd_request_payload(&tx, &r), 32);
+}
+
+/* Any command may announce a payload with extended headers; it is read
+ * (and the command refused) unless it is above the maximum. */
+Test(payload, extended_payload_len_on_any_command) {
+  struct nbd_tx tx = tx_ext();
+  uint16_t types[] = {NBD_CMD_READ,  NBD_CMD_FLUSH,        NBD_CMD_TRIM,
+                      NBD_CMD_CACHE, NBD_CMD_WRITE_ZEROES, 99};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    struct nbd_request r = req(types[i], NBD_CMD_FLAG_PAYLOAD_LEN, 0, 100);
+    cr_assert_eq(nbd_request_payload(&tx, &r), 100, "type %u", types[i]);
+    cr_assert_eq(validate(&tx, r), NBD_EINVAL, "type %u", types[i]);
+    cr_assert(!nbd_request_overlong(&tx, &r), "type %u", types[i]);
+  }
+}
+
+/* "A server SHOULD initiate hard disconnect if a client sets the
+ * NBD_CMD_FLAG_PAYLOAD_LEN flag and uses a length larger than a server's
+ * advertised or default maximum payload length." */
+Test(payload, overlong_payload_means_disconnect) {
+  struct nbd_tx tx = tx_ext();
+  struct nbd_request r =
+      req(NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN, 0, tx.max_payload);
+  cr_assert(!nbd_request_overlong(&tx, &r));
+  r.length = tx.max_payload + 1ull;
+  cr_assert(nbd_request_overlong(&tx, &r));
+  r.length = UINT64_MAX;
+  cr_assert(nbd_request_overlong(&tx, &r));
+  r.type = NBD_CMD_READ;
+  cr_assert(nbd_request_overlong(&tx, &r));
+  r.type = NBD_CMD_BLOCK_STATUS;
+  cr_assert(nbd_request_overlong(&tx, &r));
+  /* Without the flag, length is an effect length: no payload at all. */
+  r.flags = 0;
+  cr_assert(!nbd_request_overlong(&tx, &r));
+  r.type = NBD_CMD_WRITE;
+  cr_assert(!nbd_request_overlong(&tx, &r));
+  /* Compact headers: no such flag; an oversized WRITE is refused with an
+   * error reply once its payload is skipped. */
+  tx = tx_plain();
+  r = req(NBD_CMD_WRITE, 0, 0, tx.max_payload + 1ull);
+  cr_assert(!nbd_request_overlong(&tx, &r));
+  cr_assert_eq(validate(&tx, r), NBD_EINVAL);
+}
+
+Test(validate, extended_write_needs_payload_len) {
+  struct nbd_tx tx = tx_ext();
+  const char *msg = NULL;
+  struct nbd_request r = req(NBD_CMD_WRITE, 0, 0, 512);
+  cr_assert_eq(nbd_validate_request(&tx, &r, &msg), NBD_EINVAL);
+  cr_assert(strstr(msg, "PAYLOAD_LEN"), "%s", msg);
+  r.flags = NBD_CMD_FLAG_FUA;
+  cr_assert_eq(validate(&tx, r), NBD_EINVAL);
+  r.flags |= NBD_CMD_FLAG_PAYLOAD_LEN;
+  cr_assert_eq(validate(&tx, r), 0);
+}
+
 Test(payload, payload_len_needs_extended_headers) {
   struct nbd_tx tx = tx_plain();
   struct nbd_request r =
@@ -394,15 +465,16 @@ Test(validate, past_end) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint16_t t = cases[i].type;
     uint32_t e = cases[i].err;
-    cr_assert_eq(validate(&tx, req(t, 0, SIZE_1M - 512, 512)), 0, "type %u", t);
-    cr_assert_eq(validate(&tx, req(t, 0, SIZE_1M - 512, 513)), e, "type %u", t);
-    cr_assert_eq(validate(&tx, req(t, 0, SIZE_1M, 1)), e, "type %u", t);
-    cr_assert_eq(validate(&tx, req(t, 0, SIZE_1M + 1, 1)), e, "type %u", t);
-    cr_assert_eq(validate(&tx, req(t, 0, 0, SIZE_1M + 1)), e, "type %u", t);
+    uint16_t f = t == NBD_CMD_WRITE ? NBD_CMD_FLAG_PAYLOAD_LEN : 0;
+    cr_assert_eq(validate(&tx, req(t, f, SIZE_1M - 512, 512)), 0, "type %u", t);
+    cr_assert_eq(validate(&tx, req(t, f, SIZE_1M - 512, 513)), e, "type %u", t);
+    cr_assert_eq(validate(&tx, req(t, f, SIZE_1M, 1)), e, "type %u", t);
+    cr_assert_eq(validate(&tx, req(t, f, SIZE_1M + 1, 1)), e, "type %u", t);
+    cr_assert_eq(validate(&tx, req(t, f, 0, SIZE_1M + 1)), e, "type %u", t);
     /* offset + length wraps around 2^64 */
-    cr_assert_eq(validate(&tx, req(t, 0, UINT64_MAX - 10, 512)), e, "type %u",
+    cr_assert_eq(validate(&tx, req(t, f, UINT64_MAX - 10, 512)), e, "type %u",
                  t);
-    cr_assert_eq(validate(&tx, req(t, 0, 512, UINT64_MAX - 10)),
+    cr_assert_eq(validate(&tx, req(t, f, 512, UINT64_MAX - 10)),
                  t == NBD_CMD_READ || t == NBD_CMD_WRITE ? NBD_EOVERFLOW : e,
                  "type %u", t);
   }
@@ -420,7 +492,9 @@ Test(validate, too_large_read_or_write) {
   tx = tx_ext();
   tx.max_payload = 4096;
   cr_assert_eq(validate(&tx, req(NBD_CMD_READ, 0, 0, 4097)), NBD_EOVERFLOW);
-  cr_assert_eq(validate(&tx, req(NBD_CMD_WRITE, 0, 0, 4097)), NBD_EOVERFLOW);
+  cr_assert_eq(
+      validate(&tx, req(NBD_CMD_WRITE, NBD_CMD_FLAG_PAYLOAD_LEN, 0, 4097)),
+      NBD_EOVERFLOW);
   cr_assert_eq(validate(&tx, req(NBD_CMD_READ, 0, 0, 4096)), 0);
 }
 
