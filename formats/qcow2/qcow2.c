@@ -19,6 +19,7 @@
 #include "../../server/wire.h"
 #include "../formats.h"
 #include "../map.h"
+#include "guard.h"
 #include "qcow2-internal.h"
 
 /* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
@@ -391,6 +392,7 @@ static void q_close(struct bd *bd) {
     pthread_mutex_destroy(&q->meta);
     pthread_cond_destroy(&q->alloc_done);
   }
+  qcow2_guard_free(q);
   free(q->reftable);
   free(q->pend_l1);
   free(q->pend_l2);
@@ -430,7 +432,7 @@ struct chain {
 };
 
 static struct bd *qcow2_open_chain(const char *path, bool readonly,
-                                   const struct chain *chain);
+                                   bool repairing, const struct chain *chain);
 
 /* NAME relative to the directory of the image at PATH, as QEMU does. */
 static char *resolve_relative(const char *path, const char *name) {
@@ -467,7 +469,7 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   struct bd *b = NULL;
   if (!strcmp(fmt, "qcow2"))
-    b = qcow2_open_chain(bpath, true, chain);
+    b = qcow2_open_chain(bpath, true, false, chain);
   else if (!strcmp(fmt, "raw"))
     b = raw_open(bpath, true);
   else
@@ -586,7 +588,7 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
 }
 
 static struct bd *qcow2_open_chain(const char *path, bool readonly,
-                                   const struct chain *chain) {
+                                   bool repairing, const struct chain *chain) {
   struct qcow2dev *q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
@@ -594,6 +596,7 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   q->data_fd = -1;
+  q->repairing = repairing;
   q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (q->fd < 0) {
     bd_set_error("%s: %s", path, strerror(errno));
@@ -619,5 +622,9 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
 }
 
 struct bd *qcow2_open(const char *path, bool readonly) {
-  return qcow2_open_chain(path, readonly, NULL);
+  return qcow2_open_chain(path, readonly, false, NULL);
+}
+
+struct bd *qcow2_open_for_repair(const char *path) {
+  return qcow2_open_chain(path, false, true, NULL);
 }
