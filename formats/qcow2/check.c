@@ -17,6 +17,7 @@
 #include "../../server/wire.h"
 #include "../formats.h"
 #include "check.h"
+#include "guard.h"
 #include "qcow2-internal.h"
 #include "snapshot.h"
 
@@ -388,7 +389,8 @@ int qcow2_rebuild_refcounts(struct qcow2dev *q) {
 int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
                      FILE *report, struct qcow2_check_result *res) {
   unsigned flags = BD_OPEN_READONLY | (share ? BD_OPEN_SHARE : 0);
-  struct bd *bd = qcow2_open(path, repair == QCOW2_REPAIR_NONE ? flags : 0);
+  struct bd *bd = repair == QCOW2_REPAIR_NONE ? qcow2_open(path, flags)
+                                              : qcow2_open_for_repair(path);
   if (!bd)
     return -EINVAL;
   struct qcow2dev *q = bd->priv;
@@ -406,6 +408,10 @@ int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
   }
   if (e == 0 && repair != QCOW2_REPAIR_NONE)
     e = qcow2_check(q, report, res);
+  /* As qemu-img: a repair that leaves no corruption clears the corrupt
+   * bit (set when a write on metadata was refused). */
+  if (e == 0 && repair != QCOW2_REPAIR_NONE && res->corruptions == 0)
+    e = qcow2_mark_consistent(q);
   int c = bd_close(bd);
   return e < 0 ? e : c;
 }

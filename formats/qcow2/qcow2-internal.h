@@ -11,6 +11,7 @@
 
 struct bd;
 struct l2cache;
+struct qcow2_ol;
 
 /* An opened qcow2 image. */
 struct qcow2dev {
@@ -31,6 +32,11 @@ struct qcow2dev {
    * allocation decisions and metadata updates; data I/O runs outside it. */
   bool writable;
   bool broken; /* metadata state unknown after a failed update: no writes */
+  /* Metadata guard (guard.c): the overlap map of a writable image, and
+   * whether a write on metadata was refused (atomic; then no writes). */
+  struct qcow2_ol *ol;
+  bool corrupt;
+  bool repairing; /* opened by check --repair: corrupt images allowed */
   pthread_mutex_t meta;
   pthread_cond_t alloc_done;
   struct inflight *inflight; /* guest clusters being allocated */
@@ -115,6 +121,9 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
  * Returns ERR. */
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
+
+/* Open for check --repair: writable even when marked corrupt. */
+struct bd *qcow2_open_for_repair(const char *path);
 
 /* write.c */
 int qcow2_open_writable(struct qcow2dev *q);

@@ -20,6 +20,7 @@
 #include "../../server/wire.h"
 #include "../formats.h"
 #include "../map.h"
+#include "guard.h"
 #include "qcow2-internal.h"
 
 /* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
@@ -392,6 +393,7 @@ static void q_close(struct bd *bd) {
     pthread_mutex_destroy(&q->meta);
     pthread_cond_destroy(&q->alloc_done);
   }
+  qcow2_guard_free(q);
   free(q->reftable);
   free(q->pend_l1);
   free(q->pend_l2);
@@ -432,6 +434,10 @@ struct chain {
   const struct chain *next;
   unsigned depth;
 };
+
+/* qcow2_open_chain()'s own flag beside BD_OPEN_*: opened by a repair,
+ * which may open an image marked corrupt for writing. */
+#define Q_OPEN_REPAIR (1u << 16)
 
 static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain);
@@ -637,6 +643,7 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
   }
   q->data_fd = -1;
   q->share = flags & BD_OPEN_SHARE;
+  q->repairing = flags & Q_OPEN_REPAIR;
   q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (q->fd < 0 || lock_file(q->fd, path, q->share) < 0) {
     if (q->fd < 0)
@@ -665,5 +672,9 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
 }
 
 struct bd *qcow2_open(const char *path, unsigned flags) {
-  return qcow2_open_chain(path, flags, NULL);
+  return qcow2_open_chain(path, flags & ~Q_OPEN_REPAIR, NULL);
+}
+
+struct bd *qcow2_open_for_repair(const char *path) {
+  return qcow2_open_chain(path, Q_OPEN_REPAIR, NULL);
 }

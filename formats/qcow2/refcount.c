@@ -18,6 +18,7 @@
 #include "../../core/io.h"
 #include "../../core/log.h"
 #include "../../server/wire.h"
+#include "guard.h"
 #include "qcow2-internal.h"
 
 /* Where the refcount of CLUSTER lives: block index, and the byte offset and
@@ -66,7 +67,8 @@ static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
     for (unsigned i = 0; i < nbytes; i++)
       b[nbytes - 1 - i] = (uint8_t)(val >> (8 * i));
   }
-  return io_pwrite_all(q->fd, b, nbytes, block + byte);
+  return qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_BLOCK, b, nbytes,
+                            block + byte);
 }
 
 static uint64_t rc_max(const struct qcow2dev *q) {
@@ -102,9 +104,10 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
   uint64_t b = q->alloc_end;
   q->alloc_end += q->csize;
   uint8_t *zero = calloc(1, q->csize);
-  if (!zero)
-    return -ENOMEM;
-  int r = io_pwrite_all(q->fd, zero, q->csize, b);
+  int r = zero ? qcow2_guard_mark(q, QCOW2_OL_REFCOUNT_BLOCK, b, q->csize)
+               : -ENOMEM;
+  if (r == 0)
+    r = qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_BLOCK, zero, q->csize, b);
   free(zero);
   if (r < 0)
     return r;
@@ -122,7 +125,8 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
   if (r == 0) {
     uint8_t e[8];
     put_be64(e, b);
-    r = io_pwrite_all(q->fd, e, 8, q->h.reftable_offset + ti * 8);
+    r = qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_TABLE, e, 8,
+                           q->h.reftable_offset + ti * 8);
   }
   if (r < 0)
     return r;
@@ -178,7 +182,7 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   q->reftable = nt;
   q->reftable_entries = entries;
   q->h.reftable_offset = t;
-  int r = 0;
+  int r = qcow2_guard_mark(q, QCOW2_OL_REFCOUNT_TABLE, t, nclusters * q->csize);
   for (uint64_t c = 0; r == 0 && c < nclusters; c++)
     r = qcow2_rc_update(q, (t >> q->h.cluster_bits) + c, 1);
   uint8_t *buf = r == 0 ? malloc(entries * 8) : NULL;
@@ -187,7 +191,7 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   for (uint64_t i = 0; r == 0 && i < entries; i++)
     put_be64(buf + i * 8, nt[i]);
   if (r == 0)
-    r = io_pwrite_all(q->fd, buf, entries * 8, t);
+    r = qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_TABLE, buf, entries * 8, t);
   free(buf);
   /* The new table is durable before the header points at it. */
   if (r == 0)
@@ -202,13 +206,15 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   if (r < 0)
     return qcow2_mark_broken(q, r, "growing the refcount table");
   q->h.reftable_clusters = (uint32_t)nclusters;
+  qcow2_guard_unmark(q, QCOW2_OL_REFCOUNT_TABLE, old_off,
+                     (uint64_t)old_clusters << q->h.cluster_bits);
   for (uint64_t c = 0; r == 0 && c < old_clusters; c++)
     r = qcow2_rc_update(q, (old_off >> q->h.cluster_bits) + c, -1);
   return r;
 }
 
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what) {
-  if (!q->broken)
+  if (!q->broken && !qcow2_is_corrupt(q)) /* that one was logged */
     log_error("qcow2 %s: %s failed (%s); refusing further writes", q->path,
               what, strerror(-err));
   q->broken = true;
@@ -216,11 +222,12 @@ int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what) {
 }
 
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
-  if (q->broken)
-    return -EIO;
+  int r = qcow2_writes_refused(q);
+  if (r < 0)
+    return r;
   uint64_t h = q->alloc_end;
   q->alloc_end += q->csize;
-  int r = qcow2_rc_update(q, h >> q->h.cluster_bits, 1);
+  r = qcow2_rc_update(q, h >> q->h.cluster_bits, 1);
   if (r < 0)
     return qcow2_mark_broken(q, r, "allocating a cluster");
   *host = h;
@@ -233,7 +240,9 @@ int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
   uint64_t first = host >> q->h.cluster_bits;
   uint64_t last = (host + len - 1) >> q->h.cluster_bits;
   for (uint64_t c = first; c <= last; c++) {
-    int r = qcow2_rc_update(q, c, -1);
+    int r = qcow2_guard_release(q, c);
+    if (r == 0)
+      r = qcow2_rc_update(q, c, -1);
     uint64_t val = 1;
     if (r == 0)
       r = qcow2_rc_get(q, c, &val);

@@ -22,6 +22,7 @@
 #include "../../core/log.h"
 #include "../../server/wire.h"
 #include "check.h"
+#include "guard.h"
 #include "qcow2-internal.h"
 
 /* ---- clusters in flight ---- */
@@ -90,7 +91,9 @@ static int push(void *arrp, size_t *n, size_t *cap, size_t size,
 }
 
 static int set_l1(struct qcow2dev *q, uint64_t l1i, uint64_t value) {
-  int r = push(&q->pend_l1, &q->npend_l1, &q->cap_pend_l1, sizeof l1i, &l1i);
+  int r = qcow2_guard_meta(q, QCOW2_OL_ACTIVE_L1, q->h.l1_offset + l1i * 8, 8);
+  if (r == 0)
+    r = push(&q->pend_l1, &q->npend_l1, &q->cap_pend_l1, sizeof l1i, &l1i);
   if (r == 0)
     __atomic_store_n(&q->l1[l1i], value, __ATOMIC_RELEASE);
   return r;
@@ -104,9 +107,11 @@ static int set_l2(struct qcow2dev *q, uint64_t l2off, uint64_t cluster,
   uint64_t l2i = cluster & ((1ull << q->l2_bits) - 1);
   size_t idx;
   struct pending p = {.a = qcow2_slice_key(q, l2off, l2i, &idx)};
-  int err = 0;
-  uint64_t *e =
-      (uint64_t *)l2cache_get(q->cache, p.a, qcow2_load_slice, q, &p.pin, &err);
+  /* Refused here already, so that the write that needs it fails. */
+  int err = qcow2_guard_meta(q, QCOW2_OL_ACTIVE_L2, p.a, 8);
+  uint64_t *e = err ? NULL
+                    : (uint64_t *)l2cache_get(q->cache, p.a, qcow2_load_slice,
+                                              q, &p.pin, &err);
   if (!e)
     return err;
   if (q->g.extended_l2)
@@ -132,7 +137,7 @@ static int write_slice(struct qcow2dev *q, uint64_t key,
   const uint64_t *e = qcow2_slice_entries(pin);
   for (size_t i = 0; i < bytes / 8; i++)
     put_be64(buf + i * 8, __atomic_load_n(&e[i], __ATOMIC_ACQUIRE));
-  return io_pwrite_all(q->fd, buf, bytes, key);
+  return qcow2_guard_pwrite(q, QCOW2_OL_ACTIVE_L2, buf, bytes, key);
 }
 
 static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
@@ -140,10 +145,12 @@ static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
   return push(&q->pend_free, &q->npend_free, &q->cap_pend_free, sizeof p, &p);
 }
 
-static int write_be64(struct qcow2dev *q, uint64_t off, uint64_t value) {
+/* 8 bytes of metadata of KIND (overlap.h). */
+static int write_be64(struct qcow2dev *q, unsigned kind, uint64_t off,
+                      uint64_t value) {
   uint8_t e[8];
   put_be64(e, value);
-  return io_pwrite_all(q->fd, e, 8, off);
+  return qcow2_guard_pwrite(q, kind, e, 8, off);
 }
 
 static int datasync(struct qcow2dev *q) {
@@ -156,7 +163,7 @@ static int sync_metadata(struct qcow2dev *q) {
   int r = datasync(q);
   for (size_t i = 0; r == 0 && i < q->npend_l1; i++) {
     uint64_t l1i = q->pend_l1[i];
-    r = write_be64(q, q->h.l1_offset + l1i * 8, q->l1[l1i]);
+    r = write_be64(q, QCOW2_OL_ACTIVE_L1, q->h.l1_offset + l1i * 8, q->l1[l1i]);
   }
   uint8_t buf[4096];
   for (size_t i = 0; i < q->npend_l2; i++) {
@@ -209,11 +216,15 @@ static int cow_l2(struct qcow2dev *q, uint64_t l1i, uint64_t old,
     r = -EIO;
   grow_file(q);
   if (r == 0)
-    r = io_pwrite_all(q->fd, t, q->csize, nl2);
+    r = qcow2_guard_mark(q, QCOW2_OL_ACTIVE_L2, nl2, q->csize);
+  if (r == 0)
+    r = qcow2_guard_pwrite(q, QCOW2_OL_ACTIVE_L2, t, q->csize, nl2);
   if (r == 0)
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
-  if (r == 0)
+  if (r == 0) {
+    qcow2_guard_l2_replaced(q, old);
     r = defer_free(q, old, q->csize);
+  }
   free(t);
   *l2off = nl2;
   return r;
@@ -237,7 +248,9 @@ static int writable_l2(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off) {
   grow_file(q);
   /* The new table is written before the L1 entry points at it. */
   if (r == 0)
-    r = io_pwrite_all(q->fd, zero, q->csize, nl2);
+    r = qcow2_guard_mark(q, QCOW2_OL_ACTIVE_L2, nl2, q->csize);
+  if (r == 0)
+    r = qcow2_guard_pwrite(q, QCOW2_OL_ACTIVE_L2, zero, q->csize, nl2);
   free(zero);
   if (r == 0)
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
@@ -345,10 +358,14 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0 && fresh && reads_zero(q, cluster, entry, bitmap)) {
     /* A fresh cluster at the end of the file already reads as zeroes:
      * write only the new bytes. */
-    r = io_pwrite_all(q->data_fd, buf, n, host + in);
+    r = qcow2_guard_data(q, host + in, n);
+    if (r == 0)
+      r = io_pwrite_all(q->data_fd, buf, n, host + in);
   } else if (r == 0) {
     uint8_t *data = malloc(q->csize);
     r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
+    if (r == 0)
+      r = qcow2_guard_data(q, host, q->csize);
     if (r == 0)
       r = io_pwrite_all(q->data_fd, data, q->csize, host);
     free(data);
@@ -440,6 +457,8 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0)
     r = build_span(q, cluster, in, buf, n, lo, hi, span);
   if (r == 0)
+    r = qcow2_guard_data(q, host + lo, hi - lo);
+  if (r == 0)
     r = io_pwrite_all(q->data_fd, span, hi - lo, host + lo);
   free(span);
   bool data_failed = data_phase && r < 0;
@@ -468,10 +487,15 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
   uint64_t l2off, entry, bitmap;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
   if (r == 0 && owned_data(q, entry, bitmap, in, n)) {
     pthread_mutex_unlock(&q->meta);
     uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
+    r = qcow2_guard_data(q, host, n);
+    if (r < 0)
+      return r;
     if (buf)
       return io_pwrite_all(q->data_fd, buf, n, host);
     uint8_t *z = calloc(1, n);
@@ -498,15 +522,18 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   uint32_t in = (uint32_t)(off & (q->csize - 1));
   if (len > 65536 || (off | len) % 4096 != 0 || in + len > q->csize)
     return -EAGAIN;
-  uint64_t l2off, entry, bitmap;
+  uint64_t l2off, entry = 0, bitmap = 0;
   pthread_mutex_lock(&q->meta);
-  int r = q->broken || in_flight(q, cluster)
+  int r = q->broken || qcow2_is_corrupt(q) || in_flight(q, cluster)
               ? -EAGAIN
               : qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
   pthread_mutex_unlock(&q->meta);
-  if (r < 0 || !owned_data(q, entry, bitmap, in, len))
+  uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
+  /* A write on metadata is refused on the careful path. */
+  if (r < 0 || !owned_data(q, entry, bitmap, in, len) ||
+      qcow2_guard_would_hit(q, host, len))
     return -EAGAIN;
-  return io_pwrite_all(q->data_fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
+  return io_pwrite_all(q->data_fd, buf, len, host);
 }
 
 /* Split [off, off+len) at cluster boundaries. */
@@ -575,7 +602,9 @@ static int write_compressed(struct qcow2dev *q, uint64_t cluster,
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
   uint64_t l2off, entry, bitmap, start = 0;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
   if (r == 0 && !reads_zero(q, cluster, entry, bitmap))
     r = 1;
   struct inflight f = {cluster, q->inflight};
@@ -585,6 +614,8 @@ static int write_compressed(struct qcow2dev *q, uint64_t cluster,
     if (r == 0)
       r = alloc_compressed(q, (uint64_t)n, &start);
     pthread_mutex_unlock(&q->meta);
+    if (r == 0)
+      r = qcow2_guard_data(q, start, (uint64_t)n);
     if (r == 0)
       r = io_pwrite_all(q->fd, out, (size_t)n, start);
     pthread_mutex_lock(&q->meta);
@@ -641,7 +672,9 @@ static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
   uint64_t l2off, entry, bitmap;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
   if (r == 0 && keep && owned_data(q, entry, bitmap, 0, 0))
     value |= entry & (QCOW2_OFFSET_MASK | QCOW2_L2_COPIED);
   if (r == 0 && (entry != value || bitmap != vbitmap)) {
@@ -666,7 +699,9 @@ static int set_zero_bits(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
   uint64_t l2off = 0, entry = 0, bitmap = 0;
-  int r = q->broken ? -EIO : qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
   uint64_t mask = sc_mask(q, in, n), nb = qcow2_sc_zero(bitmap, mask);
   if (r == 0 && (entry & QCOW2_L2_COMPRESSED)) {
     r = allocate_write(q, cluster, in, NULL, n, entry, bitmap);
@@ -776,7 +811,8 @@ int qcow2_flush(struct bd *bd) {
   if (!q->writable)
     return 0;
   pthread_mutex_lock(&q->meta);
-  int r = q->broken ? -EIO : sync_metadata(q);
+  int r = qcow2_writes_refused(q);
+  r = r < 0 ? -EIO : sync_metadata(q);
   pthread_mutex_unlock(&q->meta);
   if (r < 0)
     bd_set_error("qcow2 %s: flush: %s", q->path, strerror(-r));
@@ -799,7 +835,7 @@ static int repair_dirty(struct qcow2dev *q) {
   int r = qcow2_rebuild_refcounts(q);
   if (r == 0) {
     q->h.incompatible &= ~QCOW2_INCOMPAT_DIRTY;
-    r = write_be64(q, 72, q->h.incompatible);
+    r = write_be64(q, QCOW2_OL_HEADER, 72, q->h.incompatible);
   }
   if (r == 0)
     r = datasync(q);
@@ -807,19 +843,22 @@ static int repair_dirty(struct qcow2dev *q) {
 }
 
 int qcow2_open_writable(struct qcow2dev *q) {
-  if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
+  if ((q->h.incompatible & QCOW2_INCOMPAT_CORRUPT) && !q->repairing)
     return refuse(q, "the image is marked corrupt");
   pthread_mutex_init(&q->meta, NULL);
   pthread_cond_init(&q->alloc_done, NULL);
   int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q)
                                                      : qcow2_rc_init(q);
+  /* The repair tool writes nothing but refcounts and flags. */
+  if (r == 0 && !q->repairing)
+    r = qcow2_guard_init(q);
   if (r < 0)
     return r;
   /* Autoclear features we do not maintain (bitmaps) must be cleared before
    * the first write, as the spec asks; a raw data file we keep raw. */
   uint64_t keep = q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
   if (q->h.version >= 3 && q->h.autoclear != keep) {
-    r = write_be64(q, 88, keep);
+    r = write_be64(q, QCOW2_OL_HEADER, 88, keep);
     if (r == 0)
       r = io_fdatasync(q->fd);
     if (r < 0)

@@ -13,6 +13,7 @@
  * read and block-status queried over a few ranges.  A reference reader
  * built on the pure functions says what those reads must return (or that
  * they must fail), and every extent reported as zero must read as zeroes.
+ * Last, it is opened for writing and written once.
  *
  * Inputs over 1 MiB are skipped, and the walks are capped, so that one
  * execution stays in the milliseconds. */
@@ -495,6 +496,36 @@ static void open_real(const struct qcow2_header *h, const uint8_t *d,
   bd_close(bd);
 }
 
+/* The image opened for writing and written once where the input says:
+ * the metadata walk of the overlap guard (formats/qcow2/guard.c) and the
+ * write path on hostile metadata.  Anything but a crash will do.  Images
+ * with an external data file are left out: data.raw must stay as the
+ * reference reader knows it. */
+static void write_real(const struct qcow2_header *h, const uint8_t *d,
+                       size_t size) {
+  if ((h->backing_offset &&
+       !local_name(d + h->backing_offset, h->backing_size)) ||
+      (h->incompatible & QCOW2_INCOMPAT_DATA_FILE))
+    return;
+  CHECK(ftruncate(img_fd, 0) == 0);
+  CHECK(pwrite(img_fd, d, size, 0) == (ssize_t)size);
+  struct bd *bd = bd_open(img_path, "qcow2", false);
+  if (!bd)
+    return;
+  uint64_t pick = size >= 16 ? be64(d + size - 16) : 0;
+  static uint8_t buf[8192];
+  memset(buf, 0x5a, sizeof buf);
+  if (bd->size >= sizeof buf) {
+    struct bd_req req = {.cmd = BD_WRITE,
+                         .offset = pick % (bd->size - sizeof buf + 1),
+                         .length = (pick >> 48) % sizeof buf + 1,
+                         .buf = buf};
+    int r = bd_run(bd, &req);
+    CHECK(r == 0 || r == -EIO || r == -EROFS || r == -ENOSPC);
+  }
+  bd_close(bd);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > MAX_INPUT)
     return 0;
@@ -512,5 +543,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_header(&h, size);
   walk(&h, data, size);
   open_real(&h, data, size);
+  write_real(&h, data, size);
   return 0;
 }
