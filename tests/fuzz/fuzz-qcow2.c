@@ -132,6 +132,11 @@ static void check_header(const struct qcow2_header *h, size_t size) {
   CHECK(h->reftable_offset +
             ((uint64_t)h->reftable_clusters << h->cluster_bits) <=
         size);
+  if (h->bitmaps_nb) {
+    CHECK(h->bitmaps_nb <= QCOW2_MAX_BITMAPS);
+    CHECK(h->bitmaps_dir_size <= QCOW2_MAX_BITMAP_DIR);
+    CHECK(h->bitmaps_dir_offset % cs == 0);
+  }
   if (h->backing_offset) {
     CHECK(h->backing_size > 0 && h->backing_size <= QCOW2_MAX_BACKING_NAME);
     CHECK(h->backing_offset + h->backing_size <= size);
