@@ -123,9 +123,12 @@ static int check_geometry(const struct qcow2_header *h, uint64_t file_size,
     return qcow2_errf(err, errlen, -EINVAL,
                       "L1 table offset 0x%llx is unaligned or past the end",
                       (unsigned long long)h->l1_offset);
+  /* The refcount table may be empty or lie past the end of the file: the
+   * image still reads, and `check` reports (and --repair all mends) it as
+   * a corruption, as qemu-img does.  Writing needs it (refcount.c). */
   uint64_t rt_bytes = (uint64_t)h->reftable_clusters << h->cluster_bits;
-  if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES || h->reftable_clusters == 0 ||
-      !table_ok(h->reftable_offset, rt_bytes, csize, file_size))
+  if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES || h->reftable_offset % csize ||
+      h->reftable_offset > (uint64_t)INT64_MAX - rt_bytes)
     return qcow2_errf(err, errlen, -EINVAL,
                       "invalid refcount table (0x%llx, %u "
                       "clusters)",

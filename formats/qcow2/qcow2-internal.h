@@ -94,6 +94,9 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
 void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
 
 /* qcow2.c */
+/* Open for check.c: read-write if it REPAIRs, but not prepared for writes
+ * (no refcounts loaded, no dirty repair, corrupt images accepted). */
+struct bd *qcow2_open_check(const char *path, bool repair);
 int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
 /* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
@@ -106,6 +109,8 @@ uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
 
 /* refcount.c (metadata lock held) */
 int qcow2_rc_init(struct qcow2dev *q);
+/* The same for check.c: a damaged table is loaded as it is. */
+int qcow2_rc_init_check(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);

@@ -430,7 +430,7 @@ struct chain {
 };
 
 static struct bd *qcow2_open_chain(const char *path, bool readonly,
-                                   const struct chain *chain);
+                                   bool for_check, const struct chain *chain);
 
 /* NAME relative to the directory of the image at PATH, as QEMU does. */
 static char *resolve_relative(const char *path, const char *name) {
@@ -467,7 +467,7 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   struct bd *b = NULL;
   if (!strcmp(fmt, "qcow2"))
-    b = qcow2_open_chain(bpath, true, chain);
+    b = qcow2_open_chain(bpath, true, false, chain);
   else if (!strcmp(fmt, "raw"))
     b = raw_open(bpath, true);
   else
@@ -585,8 +585,10 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
   return r;
 }
 
+/* FOR_CHECK: none of the preparation for writing (check.c repairs what
+ * it needs, and refuses nothing), and no I/O through the device. */
 static struct bd *qcow2_open_chain(const char *path, bool readonly,
-                                   const struct chain *chain) {
+                                   bool for_check, const struct chain *chain) {
   struct qcow2dev *q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
@@ -602,7 +604,8 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   struct bd *bd = NULL;
-  if (setup(q, chain) == 0 && (readonly || qcow2_open_writable(q) == 0))
+  if (setup(q, chain) == 0 &&
+      (readonly || for_check || qcow2_open_writable(q) == 0))
     bd = bd_new(&qcow2_ops, "qcow2", path);
   if (!bd) {
     struct bd tmp = {.priv = q};
@@ -612,12 +615,16 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
   bd->priv = q;
   bd->size = q->h.size;
   bd->exec = BD_EXEC_POOL;
-  bd->caps.readonly = readonly;
+  bd->caps.readonly = readonly || for_check;
   bd->caps.can_cache = false;
   bd->caps.can_fast_zero = q->g.v3; /* the zero flag */
   return bd;
 }
 
 struct bd *qcow2_open(const char *path, bool readonly) {
-  return qcow2_open_chain(path, readonly, NULL);
+  return qcow2_open_chain(path, readonly, false, NULL);
+}
+
+struct bd *qcow2_open_check(const char *path, bool repair) {
+  return qcow2_open_chain(path, !repair, true, NULL);
 }

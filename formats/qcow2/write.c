@@ -792,17 +792,24 @@ static int refuse(struct qcow2dev *q, const char *why) {
 }
 
 /* Lazy refcounts left dirty by a crash: the refcounts cannot be trusted,
- * so they are rebuilt from the metadata before anything is written, and
- * then the dirty bit is cleared. */
+ * so they are repaired from the metadata before anything is written (as
+ * `check --repair all` does, which also clears the dirty bit).  An image
+ * still corrupt after that is not written. */
 static int repair_dirty(struct qcow2dev *q) {
-  log_info("qcow2 %s: dirty image: rebuilding refcounts", q->path);
-  int r = qcow2_rebuild_refcounts(q);
-  if (r == 0) {
-    q->h.incompatible &= ~QCOW2_INCOMPAT_DIRTY;
-    r = write_be64(q, 72, q->h.incompatible);
+  log_info("qcow2 %s: dirty image (lazy refcounts): repairing the refcounts",
+           q->path);
+  struct qcow2_check_result res;
+  int r = qcow2_check(q, QCOW2_REPAIR_ALL, NULL, &res);
+  if (r == 0 && (res.corruptions || res.check_errors)) {
+    bd_set_error("qcow2 %s: dirty image: %llu corruptions left after "
+                 "repairing it (see `blockport check`)",
+                 q->path, (unsigned long long)res.corruptions);
+    r = -EIO;
   }
   if (r == 0)
-    r = datasync(q);
+    log_info("qcow2 %s: repaired %llu leaked clusters and %llu corruptions",
+             q->path, (unsigned long long)res.leaks_fixed,
+             (unsigned long long)res.corruptions_fixed);
   return r;
 }
 
@@ -811,8 +818,9 @@ int qcow2_open_writable(struct qcow2dev *q) {
     return refuse(q, "the image is marked corrupt");
   pthread_mutex_init(&q->meta, NULL);
   pthread_cond_init(&q->alloc_done, NULL);
-  int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q)
-                                                     : qcow2_rc_init(q);
+  int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q) : 0;
+  if (r == 0)
+    r = qcow2_rc_init(q);
   if (r < 0)
     return r;
   /* Autoclear features we do not maintain (bitmaps) must be cleared before
