@@ -11,6 +11,7 @@
 
 struct bd;
 struct l2cache;
+struct qcow2_bitmaps;
 
 /* An opened qcow2 image. */
 struct qcow2dev {
@@ -50,6 +51,8 @@ struct qcow2dev {
   size_t npend_l1, cap_pend_l1;
   struct pending *pend_free;
   size_t npend_free, cap_pend_free;
+  /* Persistent bitmaps tracking writes (dirty-bitmaps.c), or NULL. */
+  struct qcow2_bitmaps *bitmaps;
 };
 
 struct pending {
@@ -119,6 +122,14 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
  * Returns ERR. */
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
+
+/* dirty-bitmaps.c: persistent bitmaps of an image opened for writing.
+ * Open (refcounts loaded): -ENOTSUP with a reason when they cannot be kept
+ * consistent.  Mark: any thread, before writing the range.  Close, after
+ * the final flush: STORE them (else they stay marked in use). */
+int qcow2_bitmaps_open(struct qcow2dev *q);
+void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len);
+void qcow2_bitmaps_close(struct qcow2dev *q, bool store);
 
 /* write.c */
 int qcow2_open_writable(struct qcow2dev *q);

@@ -387,6 +387,7 @@ static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
 
 static void q_close(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_close(q, q->writable);
   if (q->writable) {
     pthread_mutex_destroy(&q->meta);
     pthread_cond_destroy(&q->alloc_done);

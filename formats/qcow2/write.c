@@ -506,6 +506,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   pthread_mutex_unlock(&q->meta);
   if (r < 0 || !owned_data(q, entry, bitmap, in, len))
     return -EAGAIN;
+  qcow2_bitmaps_mark(q, off, len);
   return io_pwrite_all(q->data_fd, buf, len, (entry & QCOW2_OFFSET_MASK) + in);
 }
 
@@ -617,6 +618,7 @@ static int compress_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
 int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
                  uint32_t flags) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_mark(q, off, len);
   /* Compressed clusters are whole clusters written once: BD_F_COMPRESS
    * compresses the whole clusters of a write into clusters that read as
    * zeroes; everything else is written plainly. */
@@ -736,6 +738,7 @@ int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
     bd_set_error("qcow2 %s: version 2 images cannot zero quickly", q->path);
     return -ENOTSUP;
   }
+  qcow2_bitmaps_mark(q, off, len);
   int r = for_each_cluster(q, off, len, zero_piece, NULL, flags);
   if (r == 0)
     r = zero_raw_data(q, len, off);
@@ -760,6 +763,7 @@ static int trim_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
 
 int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_mark(q, off, len);
   int r = for_each_cluster(q, off, len, trim_piece, NULL, 0);
   /* Only whole clusters were trimmed. */
   uint64_t a = (off + q->csize - 1) & ~(q->csize - 1);
@@ -823,16 +827,23 @@ int qcow2_open_writable(struct qcow2dev *q) {
     r = qcow2_rc_init(q);
   if (r < 0)
     return r;
-  /* Autoclear features we do not maintain (bitmaps) must be cleared before
-   * the first write, as the spec asks; a raw data file we keep raw. */
+  /* Persistent bitmaps are kept consistent (dirty-bitmaps.c); other
+   * autoclear features we do not maintain must be cleared before the first
+   * write, as the spec asks; a raw data file we keep raw. */
+  r = qcow2_bitmaps_open(q);
   uint64_t keep = q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-  if (q->h.version >= 3 && q->h.autoclear != keep) {
+  if (q->h.bitmaps_nb)
+    keep |= q->h.autoclear & QCOW2_AUTOCLEAR_BITMAPS;
+  if (r == 0 && q->h.version >= 3 && q->h.autoclear != keep) {
     r = write_be64(q, 88, keep);
     if (r == 0)
       r = io_fdatasync(q->fd);
-    if (r < 0)
-      return r;
-    q->h.autoclear = keep;
+    if (r == 0)
+      q->h.autoclear = keep;
+  }
+  if (r < 0) {
+    qcow2_bitmaps_close(q, false);
+    return r;
   }
   q->writable = true;
   return 0;
