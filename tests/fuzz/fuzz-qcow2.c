@@ -12,7 +12,8 @@
  * file names of the seeds), opened with bd_open(..., "qcow2", true), and
  * read and block-status queried over a few ranges.  A reference reader
  * built on the pure functions says what those reads must return (or that
- * they must fail), and every extent reported as zero must read as zeroes.
+ * they must fail), and every extent reported as zero must read as zeroes,
+ * and the image is checked (check.c) without repairs.
  *
  * Inputs over 1 MiB are skipped, and the walks are capped, so that one
  * execution stays in the milliseconds. */
@@ -25,6 +26,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "formats/qcow2/check.h"
 #include "formats/qcow2/qcow2-internal.h"
 #include "formats/qcow2/qcow2.h"
 #include "fuzz-check.h"
@@ -497,6 +499,9 @@ static void open_real(const struct qcow2_header *h, const uint8_t *d,
     check_extents(bd, pick % bd->size, 16 * cs, BD_F_REQ_ONE);
   }
   check_extents(bd, 0, 128 * cs, 0);
+  /* check walks all the metadata: any verdict, but it must finish. */
+  struct qcow2_check_result res;
+  qcow2_check(bd->priv, QCOW2_REPAIR_NONE, NULL, &res);
   bd_close(bd);
 }
 
