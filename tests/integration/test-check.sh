@@ -128,3 +128,15 @@ bp_check "$T/nonexistent.qcow2"
 [ $RC -eq 1 ] || fail "missing file: exit $RC, want 1"
 grep -q "No such file" "$T/bp.txt" || { cat "$T/bp.txt"; fail "message"; }
 ok "refused, with reasons"
+
+check "usage errors exit 1, as qemu-img's (2 and 3 mean corruptions and leaks only)"
+qemu-img create -q -f qcow2 "$T/u.qcow2" 1M
+for args in "" "--repair bogus $T/u.qcow2" "$T/u.qcow2 $T/u.qcow2" "--bogus $T/u.qcow2"; do
+  # shellcheck disable=SC2086
+  bp_check $args
+  [ $RC -eq 1 ] || { cat "$T/bp.txt"; fail "'check $args': exit $RC, want 1"; }
+  grep -q "Usage:" "$T/bp.txt" || { cat "$T/bp.txt"; fail "'check $args': no usage"; }
+done
+bp_check --help
+[ $RC -eq 0 ] || fail "--help: exit $RC"
+ok "usage errors: 1"
