@@ -30,7 +30,8 @@ struct qcow2dev {
   /* Writing (refcount.c, write.c).  The metadata lock serialises
    * allocation decisions and metadata updates; data I/O runs outside it. */
   bool writable;
-  bool broken; /* metadata state unknown after a failed update: no writes */
+  bool for_check; /* opened by check.c: malformed entries are its to judge */
+  bool broken;    /* metadata state unknown after a failed update: no writes */
   pthread_mutex_t meta;
   pthread_cond_t alloc_done;
   struct inflight *inflight; /* guest clusters being allocated */

@@ -513,7 +513,7 @@ static int load_l1(struct qcow2dev *q) {
   int r = io_pread_zero(q->fd, q->l1, n * 8, q->h.l1_offset);
   for (size_t i = 0; r == 0 && i < n; i++) {
     q->l1[i] = get_be64((const uint8_t *)&q->l1[i]);
-    if (q->l1[i] & QCOW2_L1_RESERVED)
+    if ((q->l1[i] & QCOW2_L1_RESERVED) && !q->for_check)
       r = corrupt(q, "reserved bits in L1 entry", q->l1[i]);
   }
   return r;
@@ -597,6 +597,7 @@ static struct bd *qcow2_open_chain(const char *path, bool readonly,
     return NULL;
   }
   q->data_fd = -1;
+  q->for_check = for_check;
   q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (q->fd < 0) {
     bd_set_error("%s: %s", path, strerror(errno));

@@ -183,7 +183,9 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
                  ull(l1off), strerror(-e));
   }
   for (uint32_t i = 0; e == 0 && i < l1size; i++) {
-    uint64_t l2off = get_be64(l1 + i * 8) & QCOW2_OFFSET_MASK;
+    uint64_t l1e = get_be64(l1 + i * 8), l2off = l1e & QCOW2_OFFSET_MASK;
+    if (l1e & QCOW2_L1_RESERVED)
+      corrupt(r, "ERROR found L1 entry with reserved bits set: %llx", ull(l1e));
     if (!l2off)
       continue;
     ref_range(r, l2off, q->csize);

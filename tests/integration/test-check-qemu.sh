@@ -291,6 +291,7 @@ case_ "L2 entry past the end of the file" plain no \
   l2-xor 0 $((0x50000 ^ 0x300000))
 case_ "L2 entry unaligned" plain no l2-xor 0 0x200
 case_ "L2 entry with reserved bits" plain no l2-xor 2 0x100
+case_ "L1 entry with reserved bits" plain no l1-xor 0 0x100
 
 check "header fields (the image does not open: 1 from both)"
 case_ "cluster_bits 8" plain no hdr32 20 8
