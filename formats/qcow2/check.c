@@ -178,16 +178,14 @@ static void reset(struct refs *r, enum qcow2_repair fix) {
   *r = (struct refs){.report = report, .res = res, .fix = fix};
 }
 
-static int count_and_compare(struct qcow2dev *q, struct refs *r,
-                             enum qcow2_repair fix, uint64_t *highest) {
+/* Load the refcount table as it is, and count the references. */
+static int count(struct qcow2dev *q, struct refs *r) {
   int e = qcow2_rc_init_check(q);
-  if (e == 0)
-    e = qcow2_count_refs(q, r, true);
-  else
+  if (e < 0) {
     r->res->check_errors++;
-  if (e == 0)
-    compare(r, fix, highest);
-  return e;
+    return e;
+  }
+  return qcow2_count_refs(q, r, true);
 }
 
 /* Rebuild the refcount structure from the references, then count again;
@@ -207,9 +205,12 @@ static int rebuild(struct qcow2dev *q, struct refs *r, uint64_t *highest) {
     return e;
   }
   struct qcow2_check_result *res = r->res;
-  reset(r, r->fix);
+  enum qcow2_repair fix = r->fix;
+  reset(r, QCOW2_REPAIR_NONE);
   *res = (struct qcow2_check_result){.check_errors = old.check_errors};
-  e = count_and_compare(q, r, r->fix & QCOW2_REPAIR_LEAKS, highest);
+  e = count(q, r);
+  if (e == 0)
+    compare(r, fix & QCOW2_REPAIR_LEAKS, highest);
   res->corruptions_fixed =
       old.corruptions_fixed + (old.corruptions > res->corruptions
                                    ? old.corruptions - res->corruptions
@@ -223,9 +224,12 @@ static int check_refcounts(struct qcow2dev *q, struct refs *r,
                            enum qcow2_repair fix) {
   struct qcow2_check_result *res = r->res;
   uint64_t highest = 0;
-  int e = count_and_compare(q, r, QCOW2_REPAIR_NONE, &highest);
+  int e = count(q, r);
   if (e < 0)
     return e;
+  /* Compare, and if it finds what FIX may mend, compare again, mending. */
+  struct qcow2_check_result counted = *res;
+  compare(r, QCOW2_REPAIR_NONE, &highest);
   if (r->rebuild && (fix & QCOW2_REPAIR_ERRORS)) {
     e = rebuild(q, r, &highest);
   } else if (fix && r->rebuild) {
@@ -236,10 +240,8 @@ static int check_refcounts(struct qcow2dev *q, struct refs *r,
                  q->path);
     return -EIO;
   } else if (fix && (res->leaks || res->corruptions)) {
-    /* Again, fixing this time. */
-    reset(r, fix);
-    *res = (struct qcow2_check_result){0};
-    e = count_and_compare(q, r, fix, &highest);
+    *res = counted;
+    compare(r, fix, &highest);
   }
   res->image_end = (highest + 1) << q->h.cluster_bits;
   return e;

@@ -109,8 +109,32 @@ static void count_compressed(struct refs *r, uint64_t i, uint64_t entry,
   }
 }
 
-static void count_allocated(struct refs *r, uint64_t entry, uint64_t bitmap,
-                            bool active, uint64_t *next) {
+/* A preallocated zero cluster at an unaligned offset becomes a plain zero
+ * cluster (it holds no data), as QEMU's fix_l2_entry_by_zero() does.
+ * Returns 0 when fixed. */
+static int zero_entry(struct refs *r, uint64_t at, uint64_t bitmap) {
+  struct qcow2dev *q = r->q;
+  uint8_t e[16];
+  put_be64(e, q->g.extended_l2 ? 0 : QCOW2_L2_ZERO);
+  put_be64(e + 8, (bitmap | bitmap << 32) & ~EXT_ALL_ALLOCATED);
+  int err = io_pwrite_all(q->fd, e, q->g.extended_l2 ? 16 : 8, at);
+  if (err == 0)
+    err = io_fdatasync(q->fd);
+  if (err < 0) {
+    qcow2_say(r, "ERROR: Failed to overwrite L2 table entry: %s",
+              strerror(-err));
+    r->res->check_errors++;
+    return err;
+  }
+  r->res->corruptions--;
+  r->res->corruptions_fixed++;
+  return 0;
+}
+
+/* A cluster with a host offset (data, or preallocated zeroes) whose entry
+ * lies at AT. */
+static void count_allocated(struct refs *r, uint64_t at, uint64_t entry,
+                            uint64_t bitmap, bool active, uint64_t *next) {
   struct qcow2dev *q = r->q;
   uint64_t off = entry & QCOW2_OFFSET_MASK;
   if ((bitmap >> 32) & bitmap)
@@ -121,10 +145,14 @@ static void count_allocated(struct refs *r, uint64_t entry, uint64_t bitmap,
   if (off & (q->csize - 1)) {
     bool data = q->g.extended_l2 ? bitmap & EXT_ALL_ALLOCATED
                                  : !(entry & QCOW2_L2_ZERO);
+    bool fix = !data && (r->fix & QCOW2_REPAIR_ERRORS);
     corrupt(r,
-            "ERROR offset=%llx: %s cluster is not properly aligned; L2 "
-            "entry corrupted.",
-            ull(off), data ? "Data" : "Preallocated");
+            "%s offset=%llx: %s cluster is not properly aligned; L2 entry "
+            "corrupted.",
+            fix ? "Repairing" : "ERROR", ull(off),
+            data ? "Data" : "Preallocated");
+    if (fix && zero_entry(r, at, bitmap) == 0)
+      return; /* no longer a reference */
   }
   if (active) {
     r->res->allocated++;
@@ -159,7 +187,7 @@ static int walk_l2(struct refs *r, uint64_t l2off, bool active) {
     if (t == L2_COMPRESSED)
       count_compressed(r, i, entry, bitmap, active);
     else if (t == L2_NORMAL || t == L2_ZERO_ALLOC)
-      count_allocated(r, entry, bitmap, active, &next);
+      count_allocated(r, l2off + i * esize, entry, bitmap, active, &next);
     else if (t == L2_UNALLOCATED && (bitmap & EXT_ALL_ALLOCATED))
       corrupt(r, "ERROR: Unallocated cluster has non-zero subcluster "
                  "allocation map");

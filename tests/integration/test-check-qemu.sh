@@ -292,6 +292,9 @@ case_ "L2 entry past the end of the file" plain no \
 case_ "L2 entry unaligned" plain no l2-xor 0 0x200
 case_ "L2 entry with reserved bits" plain no l2-xor 2 0x100
 case_ "L1 entry with reserved bits" plain no l1-xor 0 0x100
+# (-r all makes it a plain zero cluster, as qemu-img does.)
+case_ "zero cluster preallocated at an unaligned offset" plain no \
+  l2-xor 3 0x201
 
 check "header fields (the image does not open: 1 from both)"
 case_ "cluster_bits 8" plain no hdr32 20 8
