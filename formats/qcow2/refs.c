@@ -244,9 +244,11 @@ static int walk_snapshots(struct refs *r) {
     struct qcow2_snapshot *snaps = NULL;
     size_t used = 0;
     char err[160];
+    /* Cluster size 1 and no end of file: each snapshot's L1 table is
+     * judged below, one snapshot at a time. */
     if (e == 0)
-      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, q->csize,
-                                q->file_size, &snaps, &used, err, sizeof err);
+      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, 1, UINT64_MAX,
+                                &snaps, &used, err, sizeof err);
     free(buf);
     if (e == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
       len *= 4; /* the table is longer: read more */
@@ -257,8 +259,15 @@ static int walk_snapshots(struct refs *r) {
               ull(q->h.snapshots_offset), err);
       return 0;
     }
-    for (uint32_t i = 0; e == 0 && i < q->h.nb_snapshots; i++)
-      e = walk_l1(r, snaps[i].l1_offset, snaps[i].l1_size, false);
+    for (uint32_t i = 0; e == 0 && i < q->h.nb_snapshots; i++) {
+      if (snaps[i].l1_offset & (q->csize - 1))
+        corrupt(r,
+                "ERROR snapshot %s (%s) l1_offset=%#llx: L1 table is not "
+                "cluster aligned; snapshot table entry corrupted",
+                snaps[i].id, snaps[i].name, ull(snaps[i].l1_offset));
+      else
+        e = walk_l1(r, snaps[i].l1_offset, snaps[i].l1_size, false);
+    }
     if (e == 0)
       ref_range(r, q->h.snapshots_offset, used);
     qcow2_free_snapshots(snaps, q->h.nb_snapshots);

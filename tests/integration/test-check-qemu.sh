@@ -10,7 +10,7 @@
 #   - same exit code, and the same verdict lines ("N errors were found",
 #     "N leaked clusters were found", "No errors were found");
 #   - same result of the repair: qemu-img check of each repaired copy
-#     gives the same exit code;
+#     gives the same exit code and names the same problems, if any;
 #   - where the repaired copies have no corruption left, both hold the same
 #     guest data and the same bitmaps, and where the damage was to
 #     metadata only, the guest data is what it was before the damage
@@ -113,6 +113,11 @@ elif act == "bitmap-entry":
     w64(t, u64(t) ^ a[2])
 elif act == "bitmap-data-rc":
     set_rc((u64(bitmap_table(a[0])) & M) >> cb, a[1])
+elif act == "snap-l1":  # the first snapshot's L1 table offset
+    w64(struct.unpack(">Q", h[64:72])[0], a[0])
+elif act == "snap-l1-xor":
+    so = struct.unpack(">Q", h[64:72])[0]
+    w64(so, u64(so) ^ a[0])
 elif act == "bitmap-count":
     f.seek(bitmaps_ext())
     f.write(struct.pack(">I", a[0]))
@@ -144,6 +149,11 @@ qemu-io -f qcow2 -c 'write -P 4 512k 1M' "$D/snapshots" >/dev/null
 qemu-img create -q -f qcow2 -o extended_l2=on "$D/extl2" 32M
 qemu-io -f qcow2 -c 'write -P 5 0 100k' -c 'write -P 6 2M 4k' "$D/extl2" \
   >/dev/null
+# compressed: every cluster compressed.
+"$PY" -c 'import sys
+open(sys.argv[1], "wb").write((b"compressible qcow2 cluster " * 40000)[:1 << 20])' \
+  "$D/src.raw"
+qemu-img convert -c -O qcow2 "$D/src.raw" "$D/compressed"
 # small: 512-byte clusters (many refcount blocks).
 qemu-img create -q -f qcow2 -o cluster_size=512 "$D/small" 8M
 qemu-io -f qcow2 -c 'write -P 7 0 300k' -c 'write -P 8 5M 64k' "$D/small" \
@@ -183,12 +193,17 @@ run_mode() {
   if [[ -z $mode && "$(verdict "$T/q.out")" != "$(verdict "$T/b.out")" ]]; then
     fail_soft "$what: verdict '$(verdict "$T/b.out")', qemu-img's '$(verdict "$T/q.out")'"
   fi
-  qemu-img check "$q" >/dev/null 2>&1 || qa=$?
+  qemu-img check "$q" >"$T/qafter.out" 2>&1 || qa=$?
   qemu-img check "$b" >"$T/after.out" 2>&1 || ba=$?
   if [[ $qa -ne $ba ]]; then
     cat "$T/after.out"
     fail_soft "$what: after repair qemu-img check says $ba, $qa for qemu-img's repair"
     return
+  fi
+  # What is left wrong is the same, cluster by cluster.
+  if ! diff -u <(grep -E '^(ERROR|Leaked)' "$T/qafter.out") \
+    <(grep -E '^(ERROR|Leaked)' "$T/after.out"); then
+    fail_soft "$what: qemu-img check finds other problems after the repair"
   fi
   # Data and bitmaps, where the repaired image has no corruption left.
   if [[ $ba -eq 0 || $ba -eq 3 ]]; then
@@ -235,6 +250,7 @@ case_ "clean, with bitmaps" bitmaps yes
 case_ "clean, with a snapshot" snapshots yes
 case_ "clean, extended L2" extl2 yes
 case_ "clean, 512-byte clusters" small yes
+case_ "clean, compressed" compressed yes
 
 check "leaks"
 case_ "a leaked cluster at the end of the file" plain yes grow-leak
@@ -261,7 +277,6 @@ case_ "refcount 0 under a data cluster" plain yes rc-guest 0 0
 case_ "refcount 0 under an L2 table" plain yes rc-l2 0
 case_ "refcount 0 under a refcount block" plain yes rc-refblock 0
 case_ "refcount 1 under a cluster a snapshot shares" snapshots yes rc-guest 2 1
-case_ "refcount 0 under a data cluster, with bitmaps" bitmaps yes rc-guest 0 0
 case_ "refcount 0 under a data cluster, extended L2" extl2 yes rc-guest 0 0
 case_ "refcount 0, 512-byte clusters" small yes rc-guest 3 0
 
@@ -286,7 +301,7 @@ case_ "corrupt bit and a wrong COPIED" plain yes \
 check "dirty lazy refcounts (with a bitmap left in use)"
 case_ "dirty image" dirty yes
 
-check "L1 and L2 entries"
+check "L1 and L2 entries, compressed clusters, snapshot tables"
 case_ "L2 entry past the end of the file" plain no \
   l2-xor 0 $((0x50000 ^ 0x300000))
 case_ "L2 entry unaligned" plain no l2-xor 0 0x200
@@ -295,6 +310,13 @@ case_ "L1 entry with reserved bits" plain no l1-xor 0 0x100
 # (-r all makes it a plain zero cluster, as qemu-img does.)
 case_ "zero cluster preallocated at an unaligned offset" plain no \
   l2-xor 3 0x201
+
+case_ "COPIED set on a compressed cluster" compressed no l2-xor 1 $((1 << 63))
+case_ "compressed cluster past the end of the file" compressed no \
+  l2-xor 1 $((1 << 28))
+case_ "snapshot L1 table unaligned" snapshots no snap-l1-xor 0x200
+case_ "snapshot L1 table past the end of the file" snapshots no \
+  snap-l1 $((1 << 28))
 
 check "header fields (the image does not open: 1 from both)"
 case_ "cluster_bits 8" plain no hdr32 20 8
@@ -308,16 +330,29 @@ case_ "more bitmaps in the directory than the header names" bitmaps no \
   bitmap-count 2
 
 check "where blockport does better than qemu-img 7.2"
-# better NAME BASE ACTION ARGS...: check and -r leaks as qemu-img; -r all
-# must leave the image clean with its data (and bitmaps) intact.
+# leaks_untouched NAME IMAGE: -r leaks cannot rebuild the refcounts: both
+# exit 1, and blockport leaves the image as it was.  (qemu-img opens it
+# read-write first, and with persistent bitmaps stores them back at close
+# into clusters its broken refcounts call free: guest data is overwritten.)
+leaks_untouched() {
+  local name=$1 img=$2 rc=0 qrc=0
+  cp "$img" "$T/b.qcow2"
+  cp "$img" "$T/q.qcow2"
+  qemu-img check -r leaks "$T/q.qcow2" >/dev/null 2>&1 || qrc=$?
+  "$BLOCKPORT" check -r leaks "$T/b.qcow2" >"$T/b.out" 2>&1 || rc=$?
+  [[ $rc -eq 1 && $qrc -eq 1 ]] || fail_soft "$name (leaks): exit $rc, qemu-img $qrc"
+  cmp -s "$img" "$T/b.qcow2" || fail_soft "$name (leaks): image modified"
+  ok "$name (leaks): exit 1, image untouched"
+}
+# better NAME BASE ACTION ARGS...: check as qemu-img; -r leaks leaves the
+# image untouched; -r all must leave it clean with its data and bitmaps.
 better() {
-  local name=$1 base=$D/$2 img=$D/case.qcow2 rc=0 qrc=0 mode
+  local name=$1 base=$D/$2 img=$D/case.qcow2 rc=0 qrc=0
   shift 2
   cp "$base" "$img"
   damage "$img" "$@"
-  for mode in "" leaks; do
-    run_mode "$name" "$img" yes "$base" "$mode"
-  done
+  run_mode "$name" "$img" yes "$base" ""
+  leaks_untouched "$name" "$img"
   cp "$img" "$T/b.qcow2"
   cp "$img" "$T/q.qcow2"
   qemu-img check -r all "$T/q.qcow2" >/dev/null 2>&1 || qrc=$?
@@ -332,6 +367,16 @@ better() {
     fail_soft "$name: bitmaps changed"
   ok "$name (all): repaired, clean, data intact (qemu-img: $qrc)"
 }
+# A used cluster with refcount 0 in an image with bitmaps: check and
+# -r all as qemu-img; -r leaks (which cannot rebuild) must not write.
+img=$D/case.qcow2
+cp "$D/bitmaps" "$img"
+damage "$img" rc-guest 0 0
+for mode in "" all; do
+  run_mode "refcount 0 under a data cluster, with bitmaps" "$img" yes \
+    "$D/bitmaps" "$mode"
+done
+leaks_untouched "refcount 0 under a data cluster, with bitmaps" "$img"
 # A refcount table entry that is not cluster aligned: qemu-img check
 # stops with 1 (it cannot read the refcounts), and so does blockport; with
 # -r all qemu-img starts a rebuild, then marks the image corrupt half-way
