@@ -13,14 +13,50 @@
 
 static const char check_usage[] =
     "Usage: blockport check [-U] [--repair leaks|all] IMAGE\n"
-    "Check a qcow2 image's metadata: every host cluster's refcount against\n"
-    "the references to it.  --repair rebuilds the refcounts (leaks: only\n"
-    "when there is no corruption; all: always).  -U/--force-share checks an\n"
-    "image that another process writes (read-only, so no repair).\n"
+    "Check a qcow2 image's metadata as qemu-img check does: every host\n"
+    "cluster's refcount against the references to it (tables, data,\n"
+    "snapshots, persistent bitmaps), and the COPIED flags.\n"
+    "  -r, --repair leaks  set leaked clusters' refcounts right\n"
+    "  -r, --repair all    also repair corruptions (rebuilding the refcount\n"
+    "                      structure when needed) and clear the image's\n"
+    "                      dirty and corrupt bits once nothing is left\n"
+    "  -U, --force-share   check an image that another process writes\n"
+    "                      (read-only, so no repair)\n"
     "IMAGE may also be an NBD URI, which shows no metadata to check.\n"
-    "Exit status: 0 no errors, 2 corruptions, 3 leaks only, 1 bad usage or\n"
-    "the check could not run, 63 the image has no metadata to check (raw,\n"
-    "NBD), as qemu-img check.\n";
+    "Exit status, as qemu-img check's (after a repair: of the image as\n"
+    "repaired): 0 no errors, 2 corruptions, 3 leaks only, 1 the check could\n"
+    "not run (or a usage error), 63 the image has no metadata to check\n"
+    "(raw, NBD).\n";
+
+static void print_result(const struct qcow2_check_result *r) {
+  if (!r->corruptions && !r->leaks && !r->check_errors)
+    printf("No errors were found on the image.\n");
+  if (r->corruptions)
+    printf("\n%llu errors were found on the image.\nData may be corrupted, "
+           "or further writes to the image may corrupt it.\n",
+           (unsigned long long)r->corruptions);
+  if (r->leaks)
+    printf("\n%llu leaked clusters were found on the image.\nThis means "
+           "waste of disk space, but no harm to data.\n",
+           (unsigned long long)r->leaks);
+  if (r->check_errors)
+    printf("\n%llu internal errors have occurred during the check.\n",
+           (unsigned long long)r->check_errors);
+  if (r->total && r->allocated)
+    printf("%llu/%llu = %0.2f%% allocated, %0.2f%% fragmented, %0.2f%% "
+           "compressed clusters\n",
+           (unsigned long long)r->allocated, (unsigned long long)r->total,
+           r->allocated * 100.0 / r->total,
+           r->fragmented * 100.0 / r->allocated,
+           r->compressed * 100.0 / r->allocated);
+  if (r->image_end)
+    printf("Image end offset: %llu\n", (unsigned long long)r->image_end);
+}
+
+static int usage_error(void) {
+  fputs(check_usage, stderr);
+  return 1;
+}
 
 int check_main(int argc, char **argv) {
   static const struct option longopts[] = {
@@ -41,15 +77,11 @@ int check_main(int argc, char **argv) {
     else if (ch == 'h') {
       fputs(check_usage, stdout);
       return 0;
-    } else {
-      fputs(check_usage, stderr);
-      return 1;
-    }
+    } else
+      return usage_error();
   }
-  if (optind + 1 != argc) {
-    fputs(check_usage, stderr);
-    return 1;
-  }
+  if (optind + 1 != argc)
+    return usage_error();
   if (share && repair != QCOW2_REPAIR_NONE) {
     fprintf(stderr, "blockport check: --force-share opens read-only: it "
                     "cannot be used with --repair\n");
@@ -80,19 +112,15 @@ int check_main(int argc, char **argv) {
     return 63;
   }
   struct qcow2_check_result res;
+  fflush(stdout);
   if (qcow2_check_path(path, repair, share, stdout, &res) < 0) {
-    fprintf(stderr, "blockport check: %s\n", bd_errmsg());
+    fprintf(stderr, "blockport check: Check failed: %s\n", bd_errmsg());
     return 1;
   }
-  if (res.corruptions)
-    printf("\n%llu errors were found on the image.\n",
-           (unsigned long long)res.corruptions);
-  if (res.leaks)
-    printf("\n%llu leaked clusters were found on the image.\n",
-           (unsigned long long)res.leaks);
-  if (!res.corruptions && !res.leaks)
-    printf("No errors were found on the image.\n");
-  printf("%llu/%llu clusters allocated\n", (unsigned long long)res.allocated,
-         (unsigned long long)res.clusters);
+  print_result(&res);
+  if (res.check_errors) {
+    fprintf(stderr, "blockport check: Check failed\n");
+    return 1;
+  }
   return res.corruptions ? 2 : res.leaks ? 3 : 0;
 }

@@ -1,4 +1,5 @@
-/* qcow2 consistency checks and refcount rebuilding (check.c). */
+/* qcow2 consistency checks and repairs (check.c, rebuild.c), as qemu-img
+ * check does them: same verdicts, same repairs, same exit statuses. */
 #ifndef BLOCKPORT_QCOW2_CHECK_H
 #define BLOCKPORT_QCOW2_CHECK_H
 
@@ -8,26 +9,43 @@
 struct qcow2dev;
 
 struct qcow2_check_result {
-  uint64_t corruptions; /* refcount below its references, bad references */
-  uint64_t leaks;       /* refcount above its references */
-  uint64_t allocated;   /* clusters in use */
-  uint64_t clusters;    /* clusters in the file */
+  uint64_t corruptions;  /* refcount below its references, bad metadata */
+  uint64_t leaks;        /* refcount above its references */
+  uint64_t check_errors; /* the check itself failed somewhere */
+  uint64_t corruptions_fixed, leaks_fixed;
+  /* Guest clusters: allocated (of total), fragmented, compressed. */
+  uint64_t allocated, total, fragmented, compressed;
+  uint64_t image_end; /* end of the last host cluster in use */
 };
 
-/* Count references and compare with the refcounts; lines about each
- * problem go to REPORT (may be NULL).  Returns 0 or -errno. */
-int qcow2_check(struct qcow2dev *q, FILE *report,
+/* What to repair (bits): leaks, errors (corruptions), or both. */
+enum qcow2_repair {
+  QCOW2_REPAIR_NONE = 0,
+  QCOW2_REPAIR_LEAKS = 1,
+  QCOW2_REPAIR_ERRORS = 2,
+  QCOW2_REPAIR_ALL = 3,
+};
+
+/* Count every reference to every host cluster and compare with the
+ * refcounts, repairing what FIX asks as qemu-img does (refcounts one by
+ * one, or the whole refcount structure rebuilt when a referenced cluster
+ * has no refcount; COPIED flags; then the dirty and corrupt bits are
+ * cleared if nothing is left to repair).  A line about each problem goes
+ * to REPORT (may be NULL).  Returns 0 or -errno (the check could not run:
+ * a reason in bd_errmsg()). */
+int qcow2_check(struct qcow2dev *q, enum qcow2_repair fix, FILE *report,
                 struct qcow2_check_result *res);
-/* Replace the refcount structures with ones rebuilt from the references
- * (new blocks and table at the end of the file, then the header). */
-int qcow2_rebuild_refcounts(struct qcow2dev *q);
 
-enum qcow2_repair { QCOW2_REPAIR_NONE, QCOW2_REPAIR_LEAKS, QCOW2_REPAIR_ALL };
-
-/* `blockport check`: open PATH, repair if asked, check.  SHARE (-U, no
- * repair only): check an image another process writes.  Returns 0, or
- * -errno with a message in bd_errmsg() when the check could not run. */
+/* `blockport check`: open PATH, check (repair if asked, then check again),
+ * print the details to REPORT.  SHARE (-U, no repair only): check an image
+ * another process writes.  Returns 0, or -errno with a message in
+ * bd_errmsg() when the check could not run.  The verdict is in RES. */
 int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
                      FILE *report, struct qcow2_check_result *res);
+
+/* rebuild.c: new refcount blocks and table written after the end of the
+ * file from the reference counts *N (COUNT clusters; *N is grown to cover
+ * the new structures), made durable, then the header points at them. */
+int qcow2_write_refcounts(struct qcow2dev *q, uint32_t **n, uint64_t count);
 
 #endif

@@ -3,6 +3,7 @@
  * from it. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -122,9 +123,12 @@ static int check_geometry(const struct qcow2_header *h, uint64_t file_size,
     return qcow2_errf(err, errlen, -EINVAL,
                       "L1 table offset 0x%llx is unaligned or past the end",
                       (unsigned long long)h->l1_offset);
+  /* The refcount table may be empty or lie past the end of the file: the
+   * image still reads, and `check` reports (and --repair all mends) it as
+   * a corruption, as qemu-img does.  Writing needs it (refcount.c). */
   uint64_t rt_bytes = (uint64_t)h->reftable_clusters << h->cluster_bits;
-  if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES || h->reftable_clusters == 0 ||
-      !table_ok(h->reftable_offset, rt_bytes, csize, file_size))
+  if (rt_bytes > QCOW2_MAX_REFTABLE_BYTES || h->reftable_offset % csize ||
+      h->reftable_offset > (uint64_t)INT64_MAX - rt_bytes)
     return qcow2_errf(err, errlen, -EINVAL,
                       "invalid refcount table (0x%llx, %u "
                       "clusters)",
@@ -161,6 +165,34 @@ static int copy_string(char *dst, size_t cap, const uint8_t *src, uint32_t len,
   return 0;
 }
 
+/* The bitmaps extension (24 bytes): number of bitmaps, reserved, directory
+ * size and offset; checked as QEMU checks it when opening an image.  The
+ * directory itself is parsed by bitmap.c. */
+static int parse_bitmaps_ext(const uint8_t *d, uint32_t len, uint32_t pos,
+                             struct qcow2_header *h, char *err, size_t errlen) {
+  if (len != 24)
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "invalid bitmaps header extension (%u bytes)", len);
+  h->has_bitmaps = true;
+  h->bitmaps_ext_pos = pos;
+  if (!(h->autoclear & QCOW2_AUTOCLEAR_BITMAPS))
+    return 0; /* written by a program that did not keep them: stale */
+  uint32_t nb = get_be32(d);
+  uint64_t size = get_be64(d + 8), off = get_be64(d + 16);
+  if (get_be32(d + 4) != 0 || nb == 0 || nb > QCOW2_MAX_BITMAPS)
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "invalid bitmaps header extension (%u bitmaps)", nb);
+  if (size > QCOW2_MAX_BITMAP_DIR || off % (1ull << h->cluster_bits) ||
+      off > (uint64_t)INT64_MAX - size)
+    return qcow2_errf(err, errlen, -EINVAL,
+                      "invalid bitmap directory (0x%llx, %llu bytes)",
+                      (unsigned long long)off, (unsigned long long)size);
+  h->bitmaps_nb = nb;
+  h->bitmaps_dir_size = size;
+  h->bitmaps_dir_offset = off;
+  return 0;
+}
+
 /* Header extensions follow the header, inside the first cluster. */
 static int parse_extensions(const uint8_t *b, size_t len,
                             struct qcow2_header *h, char *err, size_t errlen) {
@@ -184,7 +216,7 @@ static int parse_extensions(const uint8_t *b, size_t len,
       r = copy_string(h->data_file, sizeof h->data_file, d, elen, "data file",
                       err, errlen);
     else if (type == QCOW2_EXT_BITMAPS)
-      h->has_bitmaps = true;
+      r = parse_bitmaps_ext(d, elen, (uint32_t)off, h, err, errlen);
     else if (type == QCOW2_EXT_CRYPTO)
       return qcow2_errf(err, errlen, -ENOTSUP,
                         "encrypted images are not supported");

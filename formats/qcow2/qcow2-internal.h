@@ -12,6 +12,7 @@
 struct bd;
 struct l2cache;
 struct qcow2_ol;
+struct qcow2_bitmaps;
 
 /* An opened qcow2 image. */
 struct qcow2dev {
@@ -31,12 +32,12 @@ struct qcow2dev {
   /* Writing (refcount.c, write.c).  The metadata lock serialises
    * allocation decisions and metadata updates; data I/O runs outside it. */
   bool writable;
-  bool broken; /* metadata state unknown after a failed update: no writes */
+  bool for_check; /* opened by check.c: malformed entries are its to judge */
+  bool broken;    /* metadata state unknown after a failed update: no writes */
   /* Metadata guard (guard.c): the overlap map of a writable image, and
    * whether a write on metadata was refused (atomic; then no writes). */
   struct qcow2_ol *ol;
   bool corrupt;
-  bool repairing; /* opened by check --repair: corrupt images allowed */
   pthread_mutex_t meta;
   pthread_cond_t alloc_done;
   struct inflight *inflight; /* guest clusters being allocated */
@@ -57,6 +58,8 @@ struct qcow2dev {
   size_t npend_l1, cap_pend_l1;
   struct pending *pend_free;
   size_t npend_free, cap_pend_free;
+  /* Persistent bitmaps tracking writes (dirty-bitmaps.c), or NULL. */
+  struct qcow2_bitmaps *bitmaps;
 };
 
 struct pending {
@@ -101,6 +104,10 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
 void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
 
 /* qcow2.c */
+/* Open for check.c: FLAGS as qcow2_open()'s (read-write to repair), but
+ * not prepared for writes (no refcounts loaded, no dirty repair, no
+ * overlap map, corrupt images accepted). */
+struct bd *qcow2_open_check(const char *path, unsigned flags);
 int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
 /* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
@@ -113,6 +120,8 @@ uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
 
 /* refcount.c (metadata lock held) */
 int qcow2_rc_init(struct qcow2dev *q);
+/* The same for check.c: a damaged table is loaded as it is. */
+int qcow2_rc_init_check(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
@@ -122,8 +131,13 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
 
-/* Open for check --repair: writable even when marked corrupt. */
-struct bd *qcow2_open_for_repair(const char *path);
+/* dirty-bitmaps.c: persistent bitmaps of an image opened for writing.
+ * Open (refcounts loaded): -ENOTSUP with a reason when they cannot be kept
+ * consistent.  Mark: any thread, before writing the range.  Close, after
+ * the final flush: STORE them (else they stay marked in use). */
+int qcow2_bitmaps_open(struct qcow2dev *q);
+void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len);
+void qcow2_bitmaps_close(struct qcow2dev *q, bool store);
 
 /* write.c */
 int qcow2_open_writable(struct qcow2dev *q);

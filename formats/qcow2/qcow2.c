@@ -389,6 +389,7 @@ static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
 
 static void q_close(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_close(q, q->writable);
   if (q->writable) {
     pthread_mutex_destroy(&q->meta);
     pthread_cond_destroy(&q->alloc_done);
@@ -435,9 +436,10 @@ struct chain {
   unsigned depth;
 };
 
-/* qcow2_open_chain()'s own flag beside BD_OPEN_*: opened by a repair,
- * which may open an image marked corrupt for writing. */
-#define Q_OPEN_REPAIR (1u << 16)
+/* qcow2_open_chain()'s own flag beside BD_OPEN_*: opened by check.c,
+ * which judges malformed entries itself and prepares nothing for writing
+ * (it repairs what it needs, and refuses nothing). */
+#define Q_OPEN_CHECK (1u << 16)
 
 static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain);
@@ -559,7 +561,7 @@ static int load_l1(struct qcow2dev *q) {
   int r = io_pread_zero(q->fd, q->l1, n * 8, q->h.l1_offset);
   for (size_t i = 0; r == 0 && i < n; i++) {
     q->l1[i] = get_be64((const uint8_t *)&q->l1[i]);
-    if (q->l1[i] & QCOW2_L1_RESERVED)
+    if ((q->l1[i] & QCOW2_L1_RESERVED) && !q->for_check)
       r = corrupt(q, "reserved bits in L1 entry", q->l1[i]);
   }
   return r;
@@ -635,6 +637,7 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
 static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain) {
   bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
+  bool for_check = flags & Q_OPEN_CHECK;
   struct qcow2dev *q = calloc(1, sizeof *q);
   if (!q || !(q->path = strdup(path))) {
     free(q);
@@ -643,7 +646,7 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
   }
   q->data_fd = -1;
   q->share = flags & BD_OPEN_SHARE;
-  q->repairing = flags & Q_OPEN_REPAIR;
+  q->for_check = flags & Q_OPEN_CHECK;
   q->fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (q->fd < 0 || lock_file(q->fd, path, q->share) < 0) {
     if (q->fd < 0)
@@ -655,7 +658,8 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
     return NULL;
   }
   struct bd *bd = NULL;
-  if (setup(q, chain) == 0 && (readonly || qcow2_open_writable(q) == 0))
+  if (setup(q, chain) == 0 &&
+      (readonly || for_check || qcow2_open_writable(q) == 0))
     bd = bd_new(&qcow2_ops, "qcow2", path);
   if (!bd) {
     struct bd tmp = {.priv = q};
@@ -665,16 +669,16 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
   bd->priv = q;
   bd->size = q->h.size;
   bd->exec = BD_EXEC_POOL;
-  bd->caps.readonly = readonly;
+  bd->caps.readonly = readonly || for_check;
   bd->caps.can_cache = false;
   bd->caps.can_fast_zero = q->g.v3; /* the zero flag */
   return bd;
 }
 
 struct bd *qcow2_open(const char *path, unsigned flags) {
-  return qcow2_open_chain(path, flags & ~Q_OPEN_REPAIR, NULL);
+  return qcow2_open_chain(path, flags & ~Q_OPEN_CHECK, NULL);
 }
 
-struct bd *qcow2_open_for_repair(const char *path) {
-  return qcow2_open_chain(path, Q_OPEN_REPAIR, NULL);
+struct bd *qcow2_open_check(const char *path, unsigned flags) {
+  return qcow2_open_chain(path, (flags & ~Q_OPEN_CHECK) | Q_OPEN_CHECK, NULL);
 }

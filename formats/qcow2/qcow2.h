@@ -38,6 +38,8 @@
 #define QCOW2_MAX_REFTABLE_BYTES (8u * 1024 * 1024)
 #define QCOW2_MAX_SNAPSHOTS 65536
 #define QCOW2_MAX_BACKING_NAME 1023
+#define QCOW2_MAX_BITMAPS 65535
+#define QCOW2_MAX_BITMAP_DIR (1024u * QCOW2_MAX_BITMAPS)
 /* Host offsets: bits 9-55. */
 #define QCOW2_OFFSET_MASK 0x00fffffffffffe00ull
 #define QCOW2_L1_RESERVED 0x7f000000000001ffull
@@ -66,7 +68,12 @@ struct qcow2_header {
   /* From header extensions. */
   char backing_format[32];
   char data_file[QCOW2_MAX_BACKING_NAME + 1];
-  bool has_bitmaps;
+  bool has_bitmaps; /* a bitmaps extension is present */
+  /* The bitmaps extension, when the BITMAPS autoclear bit vouches for it
+   * (else bitmaps_nb is 0: the bitmaps are stale, as QEMU treats them). */
+  uint32_t bitmaps_nb;
+  uint64_t bitmaps_dir_size, bitmaps_dir_offset;
+  uint32_t bitmaps_ext_pos; /* file offset of the extension's data */
 };
 
 /* Parse and validate the header and its extensions from BUF (the start of

@@ -75,15 +75,25 @@ static uint64_t rc_max(const struct qcow2dev *q) {
   return q->rc_bits == 64 ? UINT64_MAX : (1ull << q->rc_bits) - 1;
 }
 
+/* Bits 0-8 of a refcount table entry are reserved. */
+#define REFT_OFFSET_MASK 0xfffffffffffffe00ull
+
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val) {
   uint64_t ti, byte;
   unsigned shift;
   locate(q, cluster, &ti, &byte, &shift);
-  if (ti >= q->reftable_entries || q->reftable[ti] == 0) {
-    *val = 0;
+  uint64_t block =
+      ti < q->reftable_entries ? q->reftable[ti] & REFT_OFFSET_MASK : 0;
+  *val = 0;
+  if (block == 0)
     return 0;
+  /* Only a table loaded for check may hold such entries. */
+  if (block & (q->csize - 1)) {
+    bd_set_error("qcow2 %s: refcount block 0x%llx is unaligned", q->path,
+                 (unsigned long long)block);
+    return -EIO;
   }
-  return read_entry(q, q->reftable[ti], byte, shift, val);
+  return read_entry(q, block, byte, shift, val);
 }
 
 static int grow_table(struct qcow2dev *q, uint64_t need);
@@ -255,46 +265,68 @@ int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
   return 0;
 }
 
-/* Load the refcount table and find the end of what is in use. */
-int qcow2_rc_init(struct qcow2dev *q) {
+/* The last cluster with a refcount in the block at B (index I) bounds
+ * what may be allocated: raise *END past it. */
+static int scan_block(struct qcow2dev *q, uint64_t i, uint64_t b, uint8_t *blk,
+                      uint64_t *end) {
+  int r = io_pread_zero(q->fd, blk, q->csize, b);
+  for (uint64_t j = q->rb_entries; r == 0 && j-- > 0;) {
+    uint64_t t, byte;
+    unsigned shift;
+    locate(q, j, &t, &byte, &shift);
+    if (decode_entry(q, blk + byte, shift)) {
+      uint64_t used = ((i * q->rb_entries + j) + 1) << q->h.cluster_bits;
+      if (used > *end)
+        *end = used;
+      break;
+    }
+  }
+  return r;
+}
+
+static int bad_table(struct qcow2dev *q, const char *what, uint64_t v) {
+  bd_set_error("qcow2 %s: corrupt refcount table: %s (0x%llx); `blockport "
+               "check --repair all` rebuilds it",
+               q->path, what, (unsigned long long)v);
+  return -EIO;
+}
+
+/* Load the refcount table and find the end of what is in use.  STRICT (for
+ * writing) refuses a table that is empty, past the end of the file, or
+ * with an entry that is malformed or past the end; otherwise (for check)
+ * the entries are kept as they are for check.c to judge. */
+static int rc_load(struct qcow2dev *q, bool strict) {
   q->rc_bits = 1u << q->h.refcount_order;
   q->rb_entries = q->csize * 8 / q->rc_bits;
   q->reftable_entries = (uint64_t)q->h.reftable_clusters * q->csize / 8;
-  q->reftable = calloc(q->reftable_entries, 8);
-  if (!q->reftable)
-    return -ENOMEM;
-  int r = io_pread_zero(q->fd, q->reftable, q->reftable_entries * 8,
-                        q->h.reftable_offset);
-  uint64_t end = (q->file_size + q->csize - 1) & ~(q->csize - 1);
+  uint64_t bytes = q->reftable_entries * 8;
+  if (strict && (bytes == 0 || q->h.reftable_offset > q->file_size ||
+                 bytes > q->file_size - q->h.reftable_offset))
+    return bad_table(q, "empty or past the end of the file",
+                     q->h.reftable_offset);
+  free(q->reftable);
+  q->reftable = calloc(q->reftable_entries ? q->reftable_entries : 1, 8);
   uint8_t *blk = malloc(q->csize);
-  if (!blk)
-    r = -ENOMEM;
+  int r = q->reftable && blk ? 0 : -ENOMEM;
+  if (r == 0)
+    r = io_pread_zero(q->fd, q->reftable, bytes, q->h.reftable_offset);
+  uint64_t end = (q->file_size + q->csize - 1) & ~(q->csize - 1);
   for (uint64_t i = 0; r == 0 && i < q->reftable_entries; i++) {
     uint64_t b = q->reftable[i] = get_be64((uint8_t *)&q->reftable[i]);
-    if (b == 0)
+    bool bad = b & (q->csize - 1) || b >= q->file_size;
+    if (b == 0 || (bad && !strict))
       continue;
-    if (b & (q->csize - 1) || b >= q->file_size) {
-      bd_set_error("qcow2 %s: corrupt refcount table entry 0x%llx", q->path,
-                   (unsigned long long)b);
-      r = -EIO;
-      break;
-    }
-    r = io_pread_zero(q->fd, blk, q->csize, b);
-    /* The last cluster with a reference bounds what may be reused. */
-    for (uint64_t j = q->rb_entries; r == 0 && j-- > 0;) {
-      uint64_t t, byte, v;
-      unsigned shift;
-      locate(q, j, &t, &byte, &shift);
-      v = decode_entry(q, blk + byte, shift);
-      if (v) {
-        uint64_t used = ((i * q->rb_entries + j) + 1) << q->h.cluster_bits;
-        if (used > end)
-          end = used;
-        break;
-      }
-    }
+    r = bad ? bad_table(q, "entry", b) : scan_block(q, i, b, blk, &end);
   }
   free(blk);
   q->alloc_end = end;
   return r;
+}
+
+int qcow2_rc_init(struct qcow2dev *q) {
+  return rc_load(q, true);
+}
+
+int qcow2_rc_init_check(struct qcow2dev *q) {
+  return rc_load(q, false);
 }

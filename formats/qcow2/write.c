@@ -533,6 +533,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   if (r < 0 || !owned_data(q, entry, bitmap, in, len) ||
       qcow2_guard_would_hit(q, host, len))
     return -EAGAIN;
+  qcow2_bitmaps_mark(q, off, len);
   return io_pwrite_all(q->data_fd, buf, len, host);
 }
 
@@ -648,6 +649,7 @@ static int compress_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
 int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
                  uint32_t flags) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_mark(q, off, len);
   /* Compressed clusters are whole clusters written once: BD_F_COMPRESS
    * compresses the whole clusters of a write into clusters that read as
    * zeroes; everything else is written plainly. */
@@ -771,6 +773,7 @@ int qcow2_zero(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
     bd_set_error("qcow2 %s: version 2 images cannot zero quickly", q->path);
     return -ENOTSUP;
   }
+  qcow2_bitmaps_mark(q, off, len);
   int r = for_each_cluster(q, off, len, zero_piece, NULL, flags);
   if (r == 0)
     r = zero_raw_data(q, len, off);
@@ -795,6 +798,7 @@ static int trim_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
 
 int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   struct qcow2dev *q = bd->priv;
+  qcow2_bitmaps_mark(q, off, len);
   int r = for_each_cluster(q, off, len, trim_piece, NULL, 0);
   /* Only whole clusters were trimmed. */
   uint64_t a = (off + q->csize - 1) & ~(q->csize - 1);
@@ -828,42 +832,56 @@ static int refuse(struct qcow2dev *q, const char *why) {
 }
 
 /* Lazy refcounts left dirty by a crash: the refcounts cannot be trusted,
- * so they are rebuilt from the metadata before anything is written, and
- * then the dirty bit is cleared. */
+ * so they are repaired from the metadata before anything is written (as
+ * `check --repair all` does, which also clears the dirty bit).  An image
+ * still corrupt after that is not written. */
 static int repair_dirty(struct qcow2dev *q) {
-  log_info("qcow2 %s: dirty image: rebuilding refcounts", q->path);
-  int r = qcow2_rebuild_refcounts(q);
-  if (r == 0) {
-    q->h.incompatible &= ~QCOW2_INCOMPAT_DIRTY;
-    r = write_be64(q, QCOW2_OL_HEADER, 72, q->h.incompatible);
+  log_info("qcow2 %s: dirty image (lazy refcounts): repairing the refcounts",
+           q->path);
+  struct qcow2_check_result res;
+  int r = qcow2_check(q, QCOW2_REPAIR_ALL, NULL, &res);
+  if (r == 0 && (res.corruptions || res.check_errors)) {
+    bd_set_error("qcow2 %s: dirty image: %llu corruptions left after "
+                 "repairing it (see `blockport check`)",
+                 q->path, (unsigned long long)res.corruptions);
+    r = -EIO;
   }
   if (r == 0)
-    r = datasync(q);
+    log_info("qcow2 %s: repaired %llu leaked clusters and %llu corruptions",
+             q->path, (unsigned long long)res.leaks_fixed,
+             (unsigned long long)res.corruptions_fixed);
   return r;
 }
 
 int qcow2_open_writable(struct qcow2dev *q) {
-  if ((q->h.incompatible & QCOW2_INCOMPAT_CORRUPT) && !q->repairing)
+  if (q->h.incompatible & QCOW2_INCOMPAT_CORRUPT)
     return refuse(q, "the image is marked corrupt");
   pthread_mutex_init(&q->meta, NULL);
   pthread_cond_init(&q->alloc_done, NULL);
-  int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q)
-                                                     : qcow2_rc_init(q);
-  /* The repair tool writes nothing but refcounts and flags. */
-  if (r == 0 && !q->repairing)
+  int r = (q->h.incompatible & QCOW2_INCOMPAT_DIRTY) ? repair_dirty(q) : 0;
+  if (r == 0)
+    r = qcow2_rc_init(q);
+  if (r == 0)
     r = qcow2_guard_init(q);
   if (r < 0)
     return r;
-  /* Autoclear features we do not maintain (bitmaps) must be cleared before
-   * the first write, as the spec asks; a raw data file we keep raw. */
+  /* Persistent bitmaps are kept consistent (dirty-bitmaps.c); other
+   * autoclear features we do not maintain must be cleared before the first
+   * write, as the spec asks; a raw data file we keep raw. */
+  r = qcow2_bitmaps_open(q);
   uint64_t keep = q->h.autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-  if (q->h.version >= 3 && q->h.autoclear != keep) {
+  if (q->h.bitmaps_nb)
+    keep |= q->h.autoclear & QCOW2_AUTOCLEAR_BITMAPS;
+  if (r == 0 && q->h.version >= 3 && q->h.autoclear != keep) {
     r = write_be64(q, QCOW2_OL_HEADER, 88, keep);
     if (r == 0)
       r = io_fdatasync(q->fd);
-    if (r < 0)
-      return r;
-    q->h.autoclear = keep;
+    if (r == 0)
+      q->h.autoclear = keep;
+  }
+  if (r < 0) {
+    qcow2_bitmaps_close(q, false);
+    return r;
   }
   q->writable = true;
   return 0;

@@ -99,6 +99,16 @@ class Image:
             o += 8 + ((n + 7) & ~7)
         return 0, 0, []
 
+    def in_use_flags(self):
+        """File offsets of the byte holding each bitmap's IN_USE flag."""
+        d, _, tabs = self.bitmaps()
+        out, p = [], d
+        for _ in tabs:
+            out.append(p + 15)  # flags: big-endian u32 at 12, bit 0
+            ns, ex = struct.unpack_from(">HI", self.b, p + 18)
+            p += (24 + ns + ex + 7) & ~7
+        return out
+
     def clusters(self, off, length):
         return range(off // self.cs, (off + max(length, 1) - 1) // self.cs + 1)
 
@@ -192,6 +202,15 @@ def same(orig_path, path, allowed):
         b = blank(now.b[c * orig.cs:(c + 1) * orig.cs], c * orig.cs, ranges)
         if c == 0:  # feature fields may change: corrupt bit, autoclear
             a, b = a[:72] + a[80:88] + a[96:], b[:72] + b[80:88] + b[96:]
+        if what == "bitmap directory":
+            # A writable open marks the bitmaps in use (as QEMU does); a
+            # refused write leaves them so.  Nothing else may change.
+            a, b = bytearray(a), bytearray(b)
+            for f in orig.in_use_flags():
+                if c * orig.cs <= f < (c + 1) * orig.cs:
+                    a[f - c * orig.cs] &= 0xFE
+                    b[f - c * orig.cs] &= 0xFE
+            a, b = bytes(a), bytes(b)
         if c * orig.cs in rbs:
             # Index of this block in the table decides whose refcounts it
             # holds; new clusters (past ORIG's end) may gain refcounts.

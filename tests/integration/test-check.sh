@@ -47,7 +47,7 @@ bp_check --repair leaks "$T/l.qcow2"
 qemu-io -f qcow2 -r -c 'read -P 1 0 2M' "$T/l.qcow2" >/dev/null || fail "data after repair"
 ok "leak found and mended"
 
-check "a corruption (refcount 0 under a used cluster): exit 2; leaks-only repair refuses, --repair all mends"
+check "a corruption (refcount 0 under a used cluster): exit 2; leaks-only repair cannot rebuild (1, as qemu-img), --repair all mends"
 qemu-img create -f qcow2 "$T/k.qcow2" 32M >/dev/null
 qemu-io -f qcow2 -c 'write -P 3 0 1M' "$T/k.qcow2" >/dev/null
 # Zero the refcount of the first data cluster: its host offset from the L2.
@@ -66,7 +66,8 @@ PYEOF
 bp_check "$T/k.qcow2"
 [ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "corruption: exit $RC, want 2"; }
 bp_check --repair leaks "$T/k.qcow2"
-[ $RC -eq 2 ] || { cat "$T/bp.txt"; fail "leaks-only repair: exit $RC, want 2"; }
+[ $RC -eq 1 ] || { cat "$T/bp.txt"; fail "leaks-only repair: exit $RC, want 1"; }
+grep -q "need to rebuild" "$T/bp.txt" || { cat "$T/bp.txt"; fail "no reason given"; }
 bp_check --repair all "$T/k.qcow2"
 [ $RC -eq 0 ] || { cat "$T/bp.txt"; fail "--repair all: exit $RC"; }
 [ "$(qemu_rc "$T/k.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after repair"; }
@@ -104,7 +105,7 @@ bp_check "$T/d.qcow2"
 start_server "$T/d.qcow2"
 run qemu-io -f raw -c 'write -P 6 20M 1M' "$URI" >/dev/null || fail "write to a dirty image"
 stop_server
-grep -q "rebuilding refcounts" "$T/server.log" || fail "no repair logged"
+grep -q "repairing the refcounts" "$T/server.log" || fail "no repair logged"
 [ "$(qemu_rc "$T/d.qcow2")" = 0 ] || { cat "$T/q.txt"; fail "qemu-img check after serving"; }
 qemu-img info --output=json "$T/d.qcow2" | grep -q "\"dirty-flag\": true" && fail "still dirty"
 qemu-io -f qcow2 -r -c 'read -P 4 0 3M' -c 'read -P 5 10M 64k' \
@@ -127,3 +128,15 @@ bp_check "$T/nonexistent.qcow2"
 [ $RC -eq 1 ] || fail "missing file: exit $RC, want 1"
 grep -q "No such file" "$T/bp.txt" || { cat "$T/bp.txt"; fail "message"; }
 ok "refused, with reasons"
+
+check "usage errors exit 1, as qemu-img's (2 and 3 mean corruptions and leaks only)"
+qemu-img create -q -f qcow2 "$T/u.qcow2" 1M
+for args in "" "--repair bogus $T/u.qcow2" "$T/u.qcow2 $T/u.qcow2" "--bogus $T/u.qcow2"; do
+  # shellcheck disable=SC2086
+  bp_check $args
+  [ $RC -eq 1 ] || { cat "$T/bp.txt"; fail "'check $args': exit $RC, want 1"; }
+  grep -q "Usage:" "$T/bp.txt" || { cat "$T/bp.txt"; fail "'check $args': no usage"; }
+done
+bp_check --help
+[ $RC -eq 0 ] || fail "--help: exit $RC"
+ok "usage errors: 1"

@@ -423,13 +423,18 @@ Test(header, refcount_table) {
   make_v3(img);
   w64(img, H_RT_OFFSET, 2ull * CS + 8);
   refused(img, CS, FSIZE, -EINVAL, "refcount table");
-  w64(img, H_RT_OFFSET, 4ull * CS);
-  refused(img, CS, FSIZE, -EINVAL, "refcount table");
   w64(img, H_RT_OFFSET, 3ull * CS);
   accepted(img, CS, FSIZE);
-  w32(img, H_RT_CLUSTERS, 2); /* one cluster past the end */
-  refused(img, CS, FSIZE, -EINVAL, "refcount table");
+  /* Past the end of the file, or empty: the image still reads (check
+   * reports the corruption, as qemu-img does). */
+  w64(img, H_RT_OFFSET, 4ull * CS);
+  accepted(img, CS, FSIZE);
+  w32(img, H_RT_CLUSTERS, 2);
+  accepted(img, CS, FSIZE);
   w32(img, H_RT_CLUSTERS, 0);
+  accepted(img, CS, FSIZE);
+  w32(img, H_RT_CLUSTERS, 1);
+  w64(img, H_RT_OFFSET, ~0ull << CB); /* wraps around */
   refused(img, CS, FSIZE, -EINVAL, "refcount table");
   /* More than 8 MiB of refcount table. */
   w64(img, H_RT_OFFSET, 2ull * CS);
@@ -548,6 +553,38 @@ Test(extensions, bitmaps_flag) {
   accepted(img, CS, FSIZE);
   cr_assert_eq(h.has_bitmaps, true);
   cr_assert_eq(h.autoclear, QCOW2_AUTOCLEAR_BITMAPS);
+}
+
+Test(extensions, bitmaps_fields) {
+  /* 2 bitmaps, directory of 80 bytes in cluster 3. */
+  uint8_t bm[24] = {0, 0, 0, 2};
+  bm[15] = 80;
+  bm[21] = 3;
+  make_v3(img);
+  ext(img, EXT_START, QCOW2_EXT_BITMAPS, bm, sizeof bm);
+  accepted(img, CS, FSIZE); /* no autoclear bit: stale, ignored */
+  cr_assert_eq(h.has_bitmaps, true);
+  cr_assert_eq(h.bitmaps_nb, 0);
+  w64(img, H_AUTOCLEAR, QCOW2_AUTOCLEAR_BITMAPS);
+  accepted(img, CS, FSIZE);
+  cr_assert_eq(h.bitmaps_nb, 2);
+  cr_assert_eq(h.bitmaps_dir_size, 80);
+  cr_assert_eq(h.bitmaps_dir_offset, 3 * CS);
+  cr_assert_eq(h.bitmaps_ext_pos, EXT_START + 8);
+  bm[7] = 1; /* reserved field */
+  ext(img, EXT_START, QCOW2_EXT_BITMAPS, bm, sizeof bm);
+  refused(img, CS, FSIZE, -EINVAL, "bitmaps");
+  bm[7] = 0;
+  bm[3] = 0; /* no bitmaps */
+  ext(img, EXT_START, QCOW2_EXT_BITMAPS, bm, sizeof bm);
+  refused(img, CS, FSIZE, -EINVAL, "bitmaps");
+  bm[3] = 2;
+  bm[22] = 2; /* unaligned directory */
+  ext(img, EXT_START, QCOW2_EXT_BITMAPS, bm, sizeof bm);
+  refused(img, CS, FSIZE, -EINVAL, "bitmap directory");
+  bm[22] = 0;
+  ext(img, EXT_START, QCOW2_EXT_BITMAPS, bm, 16); /* wrong length */
+  refused(img, CS, FSIZE, -EINVAL, "bitmaps");
 }
 
 Test(extensions, crypto_refused) {
