@@ -28,6 +28,8 @@ man -w blockport-serve >/dev/null 2>&1 || [ -f /usr/share/man/man1/blockport-ser
   { echo "package-check: no man page installed" >&2; exit 1; }
 getent passwd blockport >/dev/null ||
   { echo "package-check: the blockport system user was not created" >&2; exit 1; }
+grep -qx 'License: BSD-3-Clause' /usr/share/doc/blockport/copyright ||
+  { echo "package-check: no copyright file installed" >&2; exit 1; }
 [ -f /usr/share/bash-completion/completions/blockport ] ||
   { echo "package-check: no bash completion installed" >&2; exit 1; }
 nbdkit_dir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)

@@ -8,10 +8,11 @@ contrib/install-deps.sh
 JOBS=$(nproc)
 
 echo "== build (RelWithDebInfo)"
-cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBLOCKPORT_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"
 echo "== build (ASan + UBSan)"
-cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DBLOCKPORT_SANITIZE=ON >/dev/null
+cmake -B build-asan -DCMAKE_BUILD_TYPE=Debug -DBLOCKPORT_SANITIZE=ON \
+  -DBLOCKPORT_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 
 status=0

@@ -154,7 +154,7 @@ int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta) {
   int r = ensure_block(q, ti, &block);
   if (r == 0)
     r = read_entry(q, block, byte, shift, &val);
-  if (r < 0)
+  if (r != 0) /* not only r < 0: VAL is set only when r == 0 */
     return r;
   if ((delta < 0 && val < (uint64_t)-delta) ||
       (delta > 0 && rc_max(q) - val < (uint64_t)delta)) {

@@ -18,7 +18,8 @@ targets=(fuzz-handshake fuzz-request fuzz-qcow2 fuzz-partition fuzz-virtq
          fuzz-config fuzz-probe)
 
 cmake -S "$root" -B "$build" -DBLOCKPORT_FUZZ=ON -DBLOCKPORT_TESTS=OFF \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DBLOCKPORT_WERROR=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Build (only build: no tests) with -Werror in each COMPILER/BUILD_TYPE
+# configuration, so that a warning any of them gives is caught here and not
+# in someone else's build.  Each goes to build-matrix/COMPILER-TYPE.
+#
+#   contrib/build-matrix.sh [COMPILER/TYPE...]
+#
+# Default: gcc and clang, each Debug, Release and RelWithDebInfo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+configs=("$@")
+if [ ${#configs[@]} -eq 0 ]; then
+  configs=(gcc/Debug gcc/Release gcc/RelWithDebInfo
+           clang/Debug clang/Release clang/RelWithDebInfo)
+fi
+
+failed=()
+for config in "${configs[@]}"; do
+  cc=${config%%/*}
+  type=${config#*/}
+  dir=build-matrix/$cc-${type,,}
+  echo "== build ($cc, $type)"
+  mkdir -p "$dir"
+  # The log is shown only when the build fails: with -Werror a warning is a
+  # failure.
+  if ! { cmake -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE="$type" \
+           -DBLOCKPORT_WERROR=ON && cmake --build "$dir" -j"$(nproc)"; } \
+       >"$dir/build.log" 2>&1; then
+    cat "$dir/build.log"
+    failed+=("$config")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "build-matrix: failed: ${failed[*]}" >&2
+  exit 1
+fi
