@@ -60,6 +60,7 @@ SOCK=
 PORT=
 URI=
 _TRACKED_PIDS=()
+declare -A _TRACKED_START=()
 _SOFT_FAILURES=()
 
 PY=/usr/bin/python3
@@ -118,8 +119,13 @@ server_alive() {
     _pid_alive "$SERVER_PID"
 }
 
+# The start time is kept so that cleanup never signals a recycled pid.
 track_pid() {
+    local line
+    local -a fld=()
+    read -r line 2>/dev/null <"/proc/$1/stat" && read -ra fld <<<"${line##*) }"
     _TRACKED_PIDS+=("$1")
+    _TRACKED_START[$1]=${fld[19]:-gone}
 }
 
 _pid_gone() {
@@ -267,7 +273,9 @@ _cleanup() {
     fi
     local p
     for p in "${_TRACKED_PIDS[@]}"; do
-        _stop_pid "$p"
+        if _same_process "$p" "${_TRACKED_START[$p]}"; then
+            _stop_pid "$p"
+        fi
     done
     if [[ -n $SERVER_PID ]] && _pid_alive "$SERVER_PID"; then
         kill -TERM "$SERVER_PID" 2>/dev/null
