@@ -39,6 +39,9 @@
 #   wait_until SECONDS CMD... run CMD every 0.05 s until it succeeds (return
 #                             0) or SECONDS (may be fractional) have passed
 #                             (return 1); use it instead of sleeping
+#   wait_file SECONDS FILE [PID]  wait until FILE is not empty (return 0),
+#                             PID (if given) has exited or SECONDS passed
+#                             (return 1)
 #   kill_tree PID             SIGKILL PID and every descendant, even those in
 #                             other sessions (fio's job processes), and reap
 #   random_file FILE MIB      FILE of MIB MiB of random data
@@ -156,6 +159,15 @@ wait_until() {
     done
     # One last try: the condition may have come true during the last nap.
     "$@"
+}
+
+_file_or_gone() {
+    [[ -s $1 ]] || { [[ -n ${2:-} ]] && _pid_gone "$2"; }
+}
+
+wait_file() {
+    wait_until "$1" _file_or_gone "$2" "${3:-}"
+    [[ -s $2 ]]
 }
 
 # _children_of PID...: set _KIDS to the live descendants of the PIDs (not
