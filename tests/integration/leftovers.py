@@ -5,12 +5,16 @@
   leftovers.py check STAMP TREE   fail if a process the run started is
                                   still alive; name it, then kill it
 
-A process counts as started by the run when it began after `start` and
+A process counts as started by the run when it began after `start`,
 either carries BLOCKPORT_TEST_TREE=TREE in its environment (ctest sets it
 for every test, and children inherit it) or names TREE in its command line
 (for the few started with a scrubbed environment, such as the server under
-systemd-socket-activate).  Other builds' tests, other users' processes and
-processes older than the run are never looked at.  Standard library only.
+systemd-socket-activate), and is an orphan: above it and its marked
+ancestors is init (or the systemd user manager), where orphans go, or
+this ctest.  Processes under another live ctest or a shell are that run's
+(two runs in one build tree do not see each other's processes).  Other
+builds' tests, other users' processes and processes older than the run
+are never looked at.  Standard library only.
 """
 
 import os
@@ -39,10 +43,28 @@ def read(path):
         return b""
 
 
+def parent(pid):
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def is_orphan(pid, marked):
+    """Whether the first unmarked ancestor of pid is where orphans go (or
+    this ctest), not a live run of tests that will clean up itself."""
+    while pid in marked:
+        pid = parent(pid)
+    if pid in (1, os.getppid()):
+        return True
+    return read("/proc/%d/comm" % pid).strip() == b"systemd"
+
+
 def survivors(since, tree):
     marker = b"BLOCKPORT_TEST_TREE=" + tree.encode()
     mine = {os.getpid(), os.getppid()}
-    found = {}
+    marked = {}
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) in mine:
             continue
@@ -52,9 +74,9 @@ def survivors(since, tree):
         env = read("/proc/%s/environ" % d).split(b"\0")
         cmd = read("/proc/%s/cmdline" % d)
         if marker in env or (tree + "/").encode() in cmd:
-            found[int(d)] = (st, cmd.replace(b"\0", b" ").decode(
+            marked[int(d)] = (st, cmd.replace(b"\0", b" ").decode(
                 "utf-8", "replace").strip())
-    return found
+    return {pid: v for pid, v in marked.items() if is_orphan(pid, marked)}
 
 
 def check(stamp, tree):
