@@ -25,8 +25,7 @@ start_nbdkit() {
         "$PLUGIN" "$@" 2>>nbdkit.log &
     NBDKIT_PID=$!
     track_pid "$NBDKIT_PID"
-    for _ in $(seq 200); do [[ -s nbdkit.pid ]] && break; sleep 0.05; done
-    [[ -s nbdkit.pid ]] || { cat nbdkit.log; fail "nbdkit $* did not start"; }
+    wait_file 10 nbdkit.pid "$NBDKIT_PID" || { cat nbdkit.log; fail "nbdkit $* did not start"; }
     URI="nbd+unix:///?socket=$T/nbdkit.sock"
 }
 stop_nbdkit() {
