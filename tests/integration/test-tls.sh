@@ -257,6 +257,8 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
     fail "mounted disk content"
   fusermount3 -u "$MNT" || fail "unmount"
   ok "mounted and read over TLS"
+else
+  skip_case "no FUSE here (needs /dev/fuse, root, fusermount3): no mount over TLS"
 fi
 
 check "blockport vhost of an nbds+unix:// URI (a vhost-user front end in Python)"
