@@ -106,15 +106,15 @@ ok() {
     echo "  ok: $*"
 }
 
-# Is PID a live (non-zombie) process?
+# Is PID a live (non-zombie) process?  No subshell: wait_until calls it often.
 _pid_alive() {
-    local pid=$1 state
+    local pid=$1 line state
     [[ -n $pid ]] || return 1
-    [[ -r /proc/$pid/stat ]] || return 1
+    read -r line 2>/dev/null <"/proc/$pid/stat" || return 1
     # Field 3 of /proc/PID/stat is the state; the command name (field 2)
     # may contain spaces, so strip up to the last ')'.
-    state=$(sed -e 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) \
-        || return 1
+    state=${line##*) }
+    state=${state%% *}
     [[ -n $state && $state != Z && $state != X ]]
 }
 
