@@ -14,9 +14,20 @@
 #         -kernel OUTDIR/vmlinuz -initrd OUTDIR/initrd.gz \
 #         -append "console=ttyS0 quiet panic=-1"
 # Needs: apt-get (download only), dpkg-deb, busybox-static, cpio, gzip.
+#
+# usage: contrib/guest/make-guest.sh --fetch-kernel
+#   only download the kernel into $GUEST_CACHE (default
+#   /tmp/blockport-guest-cache), as contrib/install-deps.sh does so that
+#   the tests never run apt-get.  GUEST_OFFLINE=1: exit 3 instead of
+#   downloading a kernel that is not in the cache.
 set -euo pipefail
-OUT=${1:?usage: make-guest.sh OUTDIR [PAYLOAD-FILE...]}
+OUT=${1:?usage: make-guest.sh OUTDIR [PAYLOAD-FILE...] | --fetch-kernel}
 shift
+FETCH_ONLY=
+if [ "$OUT" = --fetch-kernel ]; then
+  FETCH_ONLY=1
+  OUT=${GUEST_CACHE:=/tmp/blockport-guest-cache}
+fi
 mkdir -p "$OUT"
 OUT=$(readlink -f "$OUT")
 CACHE=${GUEST_CACHE:-$OUT/cache}
@@ -26,6 +37,10 @@ MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 
 # ---- the kernel, once ----
 if [ ! -s "$CACHE/vmlinuz" ] || [ ! -d "$CACHE/modules" ]; then
+  if [ -n "${GUEST_OFFLINE:-}" ]; then
+    echo "make-guest: no kernel in $CACHE (make-guest.sh --fetch-kernel downloads it)" >&2
+    exit 3
+  fi
   pkg=$(apt-cache depends linux-image-cloud-amd64 |
     awk '/Depends: linux-image-/ {print $2; exit}')
   [ -n "$pkg" ] || { echo "make-guest: no linux-image-cloud-amd64 in apt" >&2; exit 1; }
@@ -49,6 +64,7 @@ if [ ! -s "$CACHE/vmlinuz" ] || [ ! -d "$CACHE/modules" ]; then
   done
   rm -rf "$tmp"
 fi
+[ -z "$FETCH_ONLY" ] || exit 0
 cp "$CACHE/vmlinuz" "$OUT/vmlinuz"
 
 # ---- the initramfs, every time (payloads differ) ----

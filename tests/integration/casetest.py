@@ -1,10 +1,12 @@
 """What the Python integration tests share: their failure types, the two
-checks every case uses, and the runner that prints "ok NAME",
+checks every case uses, wait_until, and the runner that prints "ok NAME",
 "FAIL NAME: why" or "skip NAME: why" per case and a closing
-"N passed, M failed" line.  Standard library only."""
+"N passed, M failed, K skipped" line.  Standard library only."""
 
 import os
+import signal
 import sys
+import time
 import traceback
 
 
@@ -26,6 +28,18 @@ def eq(got, want, what):
         raise Failure("%s: got %r, want %r" % (what, got, want))
 
 
+def wait_until(seconds, cond, interval=0.02):
+    """Call cond() until it returns something true (returned) or seconds
+    have passed (then the last result, false).  Use it instead of
+    sleeping."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = cond()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(interval)
+
+
 def blockport_usable(path):
     """The binary under test, or a printed reason to exit 77."""
     if path and os.path.isfile(path) and os.access(path, os.X_OK):
@@ -42,19 +56,22 @@ def run(cases, wanted, run_case, expected=()):
     its FAIL line.  Exceptions of the types in `expected` are failures of
     the peer under test (a protocol error, a closed socket) and print
     without a traceback; any other is a bug in the test and prints one.
-    Returns the exit status: 0 all passed, 1 any failed or unknown."""
+    Returns the exit status: 1 any failed or unknown, 77 none passed (all
+    skipped: nothing was tested), 0 otherwise.  Processes a case left
+    behind are named and killed at the end."""
     names = [name for name, _ in cases]
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         print("unknown case(s): %s" % ", ".join(unknown))
         return 1
-    passed = failed = 0
+    passed = failed = skipped = 0
     for name, fn in cases:
         if wanted and name not in wanted:
             continue
         try:
             run_case(fn)
         except Skip as e:
+            skipped += 1
             print("skip %s: %s" % (name, e))
         except Exception as e:  # noqa: BLE001 (reported, then the next case)
             failed += 1
@@ -63,8 +80,58 @@ def run(cases, wanted, run_case, expected=()):
             passed += 1
             print("ok %s" % name)
         sys.stdout.flush()
-    print("%d passed, %d failed" % (passed, failed))
-    return 0 if failed == 0 else 1
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    reap_leftovers()
+    if failed:
+        return 1
+    return 0 if passed else 77
+
+
+def _children(pids):
+    """The live descendants of pids, as {pid: start time}."""
+    parent, start = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            parent[int(d)] = int(fields[1])
+            start[int(d)] = fields[19]
+    found, todo = {}, list(pids)
+    while todo:
+        p = todo.pop()
+        for c, pp in parent.items():
+            if pp == p and c not in found:
+                found[c] = start[c]
+                todo.append(c)
+    return found
+
+
+def reap_leftovers():
+    """Name and kill the processes the cases started and left running."""
+    kids = _children([os.getpid()])
+    for pid in kids:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            print("# cleanup: killing leftover process %d (%s)" % (pid, cmd))
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            pass
+    for pid in _children([os.getpid()]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in kids:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 
 
 def _report(name, e, expected):

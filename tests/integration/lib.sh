@@ -17,7 +17,10 @@
 #   fail MSG...               print MSG and exit 1
 #   fail_soft MSG...          record a failure, keep going; the test exits 1
 #                             at the end (use for independent checks)
-#   skip MSG...               print MSG and exit 77
+#   skip MSG...               print MSG and exit 77 (the test's main case
+#                             cannot run here)
+#   skip_case MSG...          say that one sub-case is skipped, and why; the
+#                             test goes on
 #   check MSG...              print "CHECK: MSG" (what is being tested)
 #   ok MSG...                 print "  ok: MSG"
 #   run CMD...                print and run CMD with a timeout
@@ -30,8 +33,21 @@
 #                             status 0 (or $STOP_EXPECT) and no sanitizer
 #                             report in its log
 #   check_sanitizer_reports FILE  fail on ASan/LSan/UBSan/TSan reports in FILE
-#   track_pid PID             kill PID (and wait) on exit
+#   track_pid PID             kill PID and its descendants (and wait) on
+#                             exit; whatever else the test started and left
+#                             running is killed then too
+#   wait_until SECONDS CMD... run CMD every 0.05 s until it succeeds (return
+#                             0) or SECONDS (may be fractional) have passed
+#                             (return 1); use it instead of sleeping
+#   wait_file SECONDS FILE [PID]  wait until FILE is not empty (return 0),
+#                             PID (if given) has exited or SECONDS passed
+#                             (return 1)
+#   kill_tree PID             SIGKILL PID and every descendant, even those in
+#                             other sessions (fio's job processes), and reap
 #   random_file FILE MIB      FILE of MIB MiB of random data
+#   mute_server SOCKET        a Unix socket that accepts and never answers;
+#                             each accepted connection adds a line to
+#                             SOCKET.accepted
 #   fio_verify URI            fio (nbd engine): 4 jobs write 8 MiB each of
 #                             4k-64k random blocks 16 MiB apart, iodepth 16,
 #                             and read them back (crc32c); fail on any error
@@ -47,6 +63,7 @@ SOCK=
 PORT=
 URI=
 _TRACKED_PIDS=()
+declare -A _TRACKED_START=()
 _SOFT_FAILURES=()
 
 PY=/usr/bin/python3
@@ -74,6 +91,13 @@ skip() {
     exit 77
 }
 
+# A sub-case that cannot run here: said on stdout (beside the CHECK lines)
+# and stderr, so a reader of either sees what was not tested.
+skip_case() {
+    echo "  SKIP (this case only): $*"
+    echo "SKIP (one case) [$_lib_name]: $*" >&2
+}
+
 check() {
     echo "CHECK: $*"
 }
@@ -82,15 +106,15 @@ ok() {
     echo "  ok: $*"
 }
 
-# Is PID a live (non-zombie) process?
+# Is PID a live (non-zombie) process?  No subshell: wait_until calls it often.
 _pid_alive() {
-    local pid=$1 state
+    local pid=$1 line state
     [[ -n $pid ]] || return 1
-    [[ -r /proc/$pid/stat ]] || return 1
+    read -r line 2>/dev/null <"/proc/$pid/stat" || return 1
     # Field 3 of /proc/PID/stat is the state; the command name (field 2)
     # may contain spaces, so strip up to the last ')'.
-    state=$(sed -e 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) \
-        || return 1
+    state=${line##*) }
+    state=${state%% *}
     [[ -n $state && $state != Z && $state != X ]]
 }
 
@@ -98,8 +122,149 @@ server_alive() {
     _pid_alive "$SERVER_PID"
 }
 
+# The start time is kept so that cleanup never signals a recycled pid.
 track_pid() {
+    local line
+    local -a fld=()
+    read -r line 2>/dev/null <"/proc/$1/stat" && read -ra fld <<<"${line##*) }"
     _TRACKED_PIDS+=("$1")
+    _TRACKED_START[$1]=${fld[19]:-gone}
+}
+
+_pid_gone() {
+    ! _pid_alive "$1"
+}
+
+# _NOW: microseconds since the epoch.  No subshell: see _children_of.
+_now_us() {
+    _NOW=${EPOCHREALTIME/[.,]/}
+    _NOW=$((10#$_NOW))
+}
+
+wait_until() {
+    local _wu_secs=$1 _wu_whole _wu_frac= _wu_deadline
+    shift
+    _wu_whole=${_wu_secs%%.*}
+    [[ $_wu_secs == *.* ]] && _wu_frac=${_wu_secs#*.}
+    _wu_frac=${_wu_frac}000000
+    _now_us
+    _wu_deadline=$((_NOW + 10#${_wu_whole:-0} * 1000000 + 10#${_wu_frac:0:6}))
+    while :; do
+        if "$@"; then
+            return 0
+        fi
+        _now_us
+        ((_NOW < _wu_deadline)) || break
+        sleep 0.05
+    done
+    # One last try: the condition may have come true during the last nap.
+    "$@"
+}
+
+_file_or_gone() {
+    [[ -s $1 ]] || { [[ -n ${2:-} ]] && _pid_gone "$2"; }
+}
+
+wait_file() {
+    wait_until "$1" _file_or_gone "$2" "${3:-}"
+    [[ -s $2 ]]
+}
+
+# _children_of PID...: set _KIDS to the live descendants of the PIDs (not
+# the PIDs themselves) and _START[pid] to their start times.  Pure bash, so
+# that no helper process of ours turns up in the list.
+_children_of() {
+    local -A parent=()
+    local f line pid
+    local -a fld
+    _START=()
+    for f in /proc/[0-9]*/stat; do
+        line=
+        read -r line 2>/dev/null <"$f" || continue
+        pid=${f#/proc/}
+        pid=${pid%/stat}
+        # Fields after the command name: state ppid ... starttime (22nd).
+        read -ra fld <<<"${line##*) }"
+        [[ ${fld[0]:-Z} == [ZX] ]] && continue
+        parent[$pid]=${fld[1]:-}
+        _START[$pid]=${fld[19]:-}
+    done
+    _KIDS=()
+    local -a todo=("$@")
+    local p c
+    while ((${#todo[@]})); do
+        p=${todo[0]}
+        todo=("${todo[@]:1}")
+        for c in "${!parent[@]}"; do
+            if [[ ${parent[$c]} == "$p" ]]; then
+                _KIDS+=("$c")
+                todo+=("$c")
+            fi
+        done
+    done
+}
+declare -A _START=()
+
+# _same_process PID START: PID is still the process that started at START
+# (not a recycled pid).
+_same_process() {
+    local line
+    read -r line 2>/dev/null <"/proc/$1/stat" || return 1
+    local -a fld
+    read -ra fld <<<"${line##*) }"
+    [[ ${fld[19]:-} == "$2" ]]
+}
+
+# SIGKILL PID and all its descendants.  They are stopped first, until no new
+# one appears, so that none forks or leaves unnoticed while we look; fio's
+# job processes call setsid(), so killing a process group is not enough.
+kill_tree() {
+    local root=$1 n=-1 p
+    [[ -n $root ]] || return 0
+    local -a all=("$root")
+    while ((${#all[@]} != n)); do
+        n=${#all[@]}
+        for p in "${all[@]}"; do kill -STOP "$p" 2>/dev/null || true; done
+        _children_of "$root"
+        all=("$root" "${_KIDS[@]}")
+    done
+    for p in "${all[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    wait "$root" 2>/dev/null || true
+}
+
+# _stop_pid PID: SIGTERM, then after 2 s SIGKILL for whatever is left of
+# it and of the processes it had started (even those orphaned meanwhile).
+_stop_pid() {
+    local p=$1 q
+    _children_of "$p"
+    local -a tree=("${_KIDS[@]}")
+    local -A start=()
+    for q in "${tree[@]}"; do start[$q]=${_START[$q]}; done
+    kill -TERM "$p" 2>/dev/null || true
+    wait_until 2 _pid_gone "$p" || true
+    kill_tree "$p"
+    for q in "${tree[@]}"; do
+        if _same_process "$q" "${start[$q]}"; then
+            kill -KILL "$q" 2>/dev/null || true
+        fi
+    done
+}
+
+# Whatever the test started and left running: named, then killed.
+_reap_leftovers() {
+    local p cmd
+    _children_of $$
+    ((${#_KIDS[@]})) || return 0
+    for p in "${_KIDS[@]}"; do
+        local -a argv=()
+        mapfile -d '' -t argv 2>/dev/null <"/proc/$p/cmdline" || true
+        cmd="${argv[*]}"
+        echo "cleanup: killing leftover process $p ($cmd)" >&2
+        kill -STOP "$p" 2>/dev/null || true
+    done
+    _children_of $$
+    for p in "${_KIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${_KIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
 _dump_log() {
@@ -120,27 +285,17 @@ _cleanup() {
     fi
     local p
     for p in "${_TRACKED_PIDS[@]}"; do
-        _pid_alive "$p" && kill -TERM "$p" 2>/dev/null
-    done
-    for p in "${_TRACKED_PIDS[@]}"; do
-        local j
-        for ((j = 0; j < 20; j++)); do
-            _pid_alive "$p" || break
-            sleep 0.1
-        done
-        _pid_alive "$p" && kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
+        if _same_process "$p" "${_TRACKED_START[$p]}"; then
+            _stop_pid "$p"
+        fi
     done
     if [[ -n $SERVER_PID ]] && _pid_alive "$SERVER_PID"; then
         kill -TERM "$SERVER_PID" 2>/dev/null
-        local i
-        for ((i = 0; i < 50; i++)); do
-            _pid_alive "$SERVER_PID" || break
-            sleep 0.1
-        done
+        wait_until 5 _pid_gone "$SERVER_PID"
         _pid_alive "$SERVER_PID" && kill -KILL "$SERVER_PID" 2>/dev/null
         wait "$SERVER_PID" 2>/dev/null
     fi
+    _reap_leftovers
     if [[ $rc -ne 0 && $rc -ne 77 ]]; then
         _dump_log
     fi
@@ -217,37 +372,32 @@ _launch() {
 
 # Wait for the pid file.  Returns 0 when up, 1 if the server died, fails the
 # test on timeout.
-_wait_started() {
-    local deadline=$((SECONDS + SERVER_START_TIMEOUT)) rc
-    while :; do
-        if [[ -s $T/pid ]]; then
-            return 0
-        fi
-        if ! _pid_alive "$SERVER_PID"; then
-            rc=0
-            wait "$SERVER_PID" || rc=$?
-            echo "server exited with status $rc before writing its pid file" >&2
-            SERVER_PID=
-            return 1
-        fi
-        if ((SECONDS >= deadline)); then
-            _dump_log
-            fail "server did not write its pid file within ${SERVER_START_TIMEOUT}s"
-        fi
-        sleep 0.05
-    done
+_started_or_dead() {
+    [[ -s $T/pid ]] || _pid_gone "$SERVER_PID"
 }
 
-_check_pid_file() {
-    local content
-    content=$(tr -d '[:space:]' <"$T/pid")
-    if [[ $content != "$SERVER_PID" ]]; then
-        # Allow a partially written file: re-read once after a moment.
-        sleep 0.2
-        content=$(tr -d '[:space:]' <"$T/pid")
-        [[ $content == "$SERVER_PID" ]] ||
-            fail "pid file contains '$content', expected server pid $SERVER_PID"
+_wait_started() {
+    local rc
+    if ! wait_until "$SERVER_START_TIMEOUT" _started_or_dead; then
+        _dump_log
+        fail "server did not write its pid file within ${SERVER_START_TIMEOUT}s"
     fi
+    [[ -s $T/pid ]] && return 0
+    rc=0
+    wait "$SERVER_PID" || rc=$?
+    echo "server exited with status $rc before writing its pid file" >&2
+    SERVER_PID=
+    return 1
+}
+
+_pid_file_is_server() {
+    [[ $(tr -d '[:space:]' <"$T/pid") == "$SERVER_PID" ]]
+}
+
+# The pid file may be caught half written: give it a moment to complete.
+_check_pid_file() {
+    wait_until 2 _pid_file_is_server ||
+        fail "pid file contains '$(cat "$T/pid")', expected server pid $SERVER_PID"
 }
 
 start_server() {
@@ -314,17 +464,13 @@ stop_server() {
         fail "server died before stop_server (exit status $rc)"
     }
     kill -"$sig" "$SERVER_PID"
-    local deadline=$((SECONDS + SERVER_STOP_TIMEOUT))
-    while _pid_alive "$SERVER_PID"; do
-        if ((SECONDS >= deadline)); then
-            kill -KILL "$SERVER_PID" 2>/dev/null || true
-            wait "$SERVER_PID" 2>/dev/null || true
-            SERVER_PID=
-            _dump_log
-            fail "server did not exit within ${SERVER_STOP_TIMEOUT}s of SIG$sig"
-        fi
-        sleep 0.05
-    done
+    if ! wait_until "$SERVER_STOP_TIMEOUT" _pid_gone "$SERVER_PID"; then
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=
+        _dump_log
+        fail "server did not exit within ${SERVER_STOP_TIMEOUT}s of SIG$sig"
+    fi
     local rc=0
     wait "$SERVER_PID" || rc=$?
     SERVER_PID=
@@ -371,17 +517,22 @@ EOF
         { cat "$T/fio.out"; fail "fio verify on $1"; }
 }
 
-# mute_server SOCKET: a Unix socket that is listened on and never served,
-# as a server that accepts and then says nothing (stopped at cleanup).
+# mute_server SOCKET: a Unix socket that accepts and then says nothing, as
+# a hung server (stopped at cleanup).  Each connection it accepts adds a
+# line to SOCKET.accepted, so a test can wait for the client to arrive.
 mute_server() {
     "$PY" -c '
-import socket, sys, time
+import signal, socket, sys
+signal.alarm(600)
 s = socket.socket(socket.AF_UNIX)
 s.bind(sys.argv[1])
 s.listen(8)
-time.sleep(600)' "$1" &
+held = []
+with open(sys.argv[1] + ".accepted", "a") as log:
+    while True:
+        held.append(s.accept()[0])
+        log.write("accepted\n")
+        log.flush()' "$1" &
     track_pid $!
-    local _
-    for _ in $(seq 100); do [[ -S $1 ]] && return 0; sleep 0.05; done
-    fail "mute_server: no socket at $1"
+    wait_until 5 test -S "$1" || fail "mute_server: no socket at $1"
 }

@@ -38,10 +38,11 @@ J
 verified=0
 for i in $(seq 1 "$KILLS"); do
   start_server soak.qcow2
-  # In its own process group: fio's job processes may sit in a call to the
-  # dead server, and only SIGKILL to the whole group ends them.
-  setsid fio storm.fio >/dev/null 2>&1 &
+  # fio's job processes may sit in a call to the dead server, in sessions
+  # of their own: kill_tree ends them all.
+  fio storm.fio >/dev/null 2>&1 &
   storm=$!
+  track_pid $storm
   # Two trackers per life, each in a fresh 16 MiB past the backing file,
   # which reads as zeroes until they write it.
   t1=$(((64 + (i - 1) * 32) << 20))
@@ -50,14 +51,15 @@ for i in $(seq 1 "$KILLS"); do
   p1=$!
   "$PY" "$TRACKER" run "$URI" log2 $t2 $((i + 100)) >/dev/null 2>&1 &
   p2=$!
+  track_pid $p1
+  track_pid $p2
+  # The moment of the crash, at random (not a wait for anything).
   sleep "$((RANDOM % 2)).$((RANDOM % 10))"
   kill -9 "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=
-  kill -KILL -- -"$storm" 2>/dev/null || true
   for p in $storm $p1 $p2; do
-    kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
+    kill_tree "$p"
   done
   rc=0; qemu-img check soak.qcow2 >check.txt 2>&1 || rc=$?
   [ $rc -eq 0 ] || [ $rc -eq 3 ] || { cat check.txt; fail "kill $i: check exit $rc"; }

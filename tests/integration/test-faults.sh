@@ -92,7 +92,8 @@ ok "EIO, reads still served, image consistent"
 check "qcow2 on a full filesystem (a 6 MiB tmpfs)"
 mkdir -p small
 if ! mount -t tmpfs -o size=6M tmpfs small 2>/dev/null; then
-  skip "cannot mount a tmpfs here"
+  skip_case "cannot mount a tmpfs here" # the last case: the others passed
+  exit 0
 fi
 # Unmount before lib.sh's cleanup removes $T, keeping the exit status.
 trap '_rc=$?; umount -l "$T/small" 2>/dev/null; (exit $_rc); _cleanup' EXIT

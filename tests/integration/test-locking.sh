@@ -19,37 +19,29 @@ bg_serve() {
         >"$T/$name.log" 2>&1 &
     BG_PID=$!
     track_pid "$BG_PID"
-    local deadline=$((SECONDS + 20))
-    until [[ -s $T/$name.pid ]]; do
-        kill -0 "$BG_PID" 2>/dev/null || { cat "$T/$name.log"; fail "$name did not start"; }
-        ((SECONDS < deadline)) || fail "$name: no pid file after 20 s"
-        sleep 0.05
-    done
+    wait_file 20 "$T/$name.pid" "$BG_PID" && return 0
+    _pid_alive "$BG_PID" || { cat "$T/$name.log"; fail "$name did not start"; }
+    fail "$name: no pid file after 20 s"
 }
 
 # Stop a background process and wait until it is gone.
 bg_stop() {
     kill -"${2:-TERM}" "$1" 2>/dev/null || true
     wait "$1" 2>/dev/null || true
-    local deadline=$((SECONDS + 30))
-    while kill -0 "$1" 2>/dev/null; do
-        ((SECONDS < deadline)) || fail "process $1 did not exit"
-        sleep 0.05
-    done
+    wait_until 30 _pid_gone "$1" || fail "process $1 did not exit"
 }
 
 # Start qemu-nbd serving ARGS on q.sock; sets QPID.
 start_qemu_nbd() {
-    rm -f "$T/q.sock"
-    qemu-nbd -k "$T/q.sock" "$@" 2>qemu-nbd.log &
+    rm -f "$T/q.sock" "$T/q.pid"
+    qemu-nbd -k "$T/q.sock" --pid-file "$T/q.pid" "$@" 2>qemu-nbd.log &
     QPID=$!
     track_pid "$QPID"
-    local deadline=$((SECONDS + 20))
-    until [[ -S $T/q.sock ]]; do
-        kill -0 "$QPID" 2>/dev/null || { cat qemu-nbd.log; grep . /proc/locks; fail "qemu-nbd exited"; }
-        ((SECONDS < deadline)) || fail "qemu-nbd did not start"
-        sleep 0.05
-    done
+    # Its socket is there before the image is open (and locked); the pid
+    # file comes after.
+    wait_file 20 "$T/q.pid" "$QPID" && return 0
+    _pid_alive "$QPID" || { cat qemu-nbd.log; grep . /proc/locks; fail "qemu-nbd exited"; }
+    fail "qemu-nbd did not start"
 }
 
 # expect_refused WHAT PATTERN CMD...: CMD exits 1 with PATTERN in stderr.
@@ -144,11 +136,7 @@ bg_stop "$QPID"
 qemu-io -r -f qcow2 -c 'sleep 3000' disk.qcow2 >/dev/null &
 rpid=$!
 track_pid "$rpid"
-deadline=$((SECONDS + 20))
-until grep -q "disk.qcow2\|$(stat -c %i disk.qcow2)" /proc/locks 2>/dev/null; do
-    ((SECONDS < deadline)) || fail "qemu-io took no lock"
-    sleep 0.05
-done
+wait_until 20 grep -q "disk.qcow2\|$(stat -c %i disk.qcow2)" /proc/locks || fail "qemu-io took no lock"
 bg_serve ro --readonly disk.qcow2
 ok "serve --readonly shares with a qemu-io reader"
 expect_refused "serve read-write beside a reader" 'Failed to get "write" lock' \
@@ -195,11 +183,7 @@ bg_serve cfg --config exports.conf
 cpid=$BG_PID
 sed -i 's/^format = qcow2/format = qcow2\ndescription = reloaded/' exports.conf
 kill -HUP "$cpid"
-deadline=$((SECONDS + 20))
-until grep -q "reload" cfg.log; do
-    ((SECONDS < deadline)) || { cat cfg.log; fail "no reload in the log"; }
-    sleep 0.05
-done
+wait_until 20 grep -q "reload" cfg.log || { cat cfg.log; fail "no reload in the log"; }
 expect_refused "qemu-img info after a reload that keeps the image" \
     'Failed to get shared "write" lock' qemu-img info disk.qcow2
 # Read-only -> read-write on reload, with nobody connected: the image is
@@ -211,30 +195,22 @@ format = qcow2
 read-only = yes
 EOF
 kill -HUP "$cpid"
-deadline=$((SECONDS + 20))
-until qemu-io -r -f qcow2 -c 'read 0 512' disk.qcow2 >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { cat cfg.log; fail "a read-only reload still refuses readers"; }
-    sleep 0.1
-done
+reads() { qemu-io -r -f qcow2 -c 'read 0 512' disk.qcow2 >/dev/null 2>&1; }
+wait_until 20 reads || { cat cfg.log; fail "a read-only reload still refuses readers"; }
 ok "read-only after the reload: qemu-io -r reads"
 sed -i '/read-only/d' exports.conf
 kill -HUP "$cpid"
-deadline=$((SECONDS + 20))
-until ! qemu-img info disk.qcow2 >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { cat cfg.log; fail "read-write after the reload, yet qemu-img info opens it"; }
-    sleep 0.1
-done
+info_refused() { ! qemu-img info disk.qcow2 >/dev/null 2>&1; }
+wait_until 20 info_refused ||
+    { cat cfg.log; fail "read-write after the reload, yet qemu-img info opens it"; }
 ok "read-write again after the reload: qemu-img info refused"
 cat >exports.conf <<EOF
 [export other]
 path = memory:1M
 EOF
 kill -HUP "$cpid"
-deadline=$((SECONDS + 20))
-until qemu-io -f qcow2 -c 'write 0 512' disk.qcow2 >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { cat cfg.log; fail "the dropped image stays locked"; }
-    sleep 0.1
-done
+writes() { qemu-io -f qcow2 -c 'write 0 512' disk.qcow2 >/dev/null 2>&1; }
+wait_until 20 writes || { cat cfg.log; fail "the dropped image stays locked"; }
 ok "a reload that drops the image releases it"
 bg_stop "$cpid"
 qemu-img check -q disk.qcow2 || fail "qemu-img check at the end"

@@ -11,8 +11,7 @@ vhost_log() {
     ${1:+--log-level "$1"} memory:1M 2>vh.log &
   local pid=$!
   track_pid $pid
-  for _ in $(seq 100); do [ -s v.pid ] && break; sleep 0.05; done
-  [ -s v.pid ] || fail "vhost did not start"
+  wait_file 5 v.pid $pid || fail "vhost did not start"
   kill -TERM $pid
   wait $pid || fail "vhost exit status $?"
   rm -f v.pid

@@ -97,18 +97,15 @@ EOF
 run_fio read.fio &
 fio_pid=$!
 track_pid "$fio_pid"
-during=
-for _ in $(seq 100); do
-    sleep 0.1
+# mid_run: a scrape (in $m) while fio runs: some reads counted, not all.
+mid_run() {
     m=$(scrape)
     n=$(value "$m" "$(cmd_sample requests_total read)")
-    if [[ $n != missing ]] && ((n > 0 && n < 2048)); then
-        during=$n
-        expect "$m" 'blockport_export_connections{export="mem"}' 1
-        break
-    fi
-done
-[[ -n $during ]] || fail "never saw the read counter between 0 and 2048"
+    [[ $n != missing ]] && ((n > 0 && n < 2048))
+}
+wait_until 10 mid_run || fail "never saw the read counter between 0 and 2048"
+during=$n
+expect "$m" 'blockport_export_connections{export="mem"}' 1
 wait "$fio_pid" || fail "fio read failed"
 m=$(scrape)
 expect "$m" "$(cmd_sample requests_total read)" 2048

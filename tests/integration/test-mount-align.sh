@@ -23,7 +23,7 @@ nbdkit -f -U "$SOCK" -P nbdkit.pid --filter=blocksize-policy memory 64M \
     blocksize-minimum=4096 blocksize-preferred=65536 blocksize-maximum=65536 \
     blocksize-error-policy=error >nbdkit.log 2>&1 &
 track_pid $!
-for _ in $(seq 200); do [[ -s nbdkit.pid ]] && break; sleep 0.05; done
+wait_file 10 nbdkit.pid $! || { cat nbdkit.log; fail "nbdkit did not start"; }
 URI="nbd+unix:///?socket=$SOCK"
 nbdinfo "$URI" | grep -q 'block_size_minimum: 4096' || fail "nbdkit does not advertise 4k blocks"
 
@@ -31,8 +31,7 @@ nbdinfo "$URI" | grep -q 'block_size_minimum: 4096' || fail "nbdkit does not adv
     </dev/null >>mount.log 2>&1 &
 MOUNT_PID=$!
 track_pid "$MOUNT_PID"
-for _ in $(seq 300); do [[ -s mount.pid ]] && break; sleep 0.05; done
-[[ -s mount.pid ]] || { cat mount.log; fail "mount not live"; }
+wait_file 15 mount.pid "$MOUNT_PID" || { cat mount.log; fail "mount not live"; }
 
 check "writes, zeroes and holes of any alignment over 4k-only, 64k-max blocks"
 "$PY" - "$MNT/disk" <<'EOF' || fail "byte-level checks"
@@ -72,7 +71,7 @@ grep -q "err= 0" fio.txt || { cat fio.txt; fail "fio reported errors"; }
 ok "verified"
 
 fusermount3 -u "$MNT"
-for _ in $(seq 200); do _pid_alive "$MOUNT_PID" || break; sleep 0.05; done
+wait_until 10 _pid_gone "$MOUNT_PID" || fail "mount still running after unmount"
 wait "$MOUNT_PID" || fail "mount exited with status $?"
 check_sanitizer_reports mount.log
 ! grep -qi "error" mount.log || { cat mount.log; fail "errors in the mount's log"; }

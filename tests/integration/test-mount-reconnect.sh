@@ -24,8 +24,7 @@ rm -f mount.pid
     "$URI" "$MNT" </dev/null >>mount.log 2>&1 &
 MOUNT_PID=$!
 track_pid "$MOUNT_PID"
-for _ in $(seq 300); do [[ -s mount.pid ]] && break; sleep 0.05; done
-[[ -s mount.pid ]] || { cat mount.log; fail "mount not live"; }
+wait_file 15 mount.pid "$MOUNT_PID" || { cat mount.log; fail "mount not live"; }
 cmp "$MNT/disk" disk.raw || fail "contents before the outage"
 
 # io OP OFFSET: one 4k O_DIRECT read or write of the disk; prints "ok" or
@@ -68,12 +67,14 @@ outage() {
 
 # recovery: within 20 s of the server's return, I/O works again and the
 # disk reads what the image holds.
+reads_ok() {
+    local r secs
+    read -r r secs < <(io read $((7 << 20))) && [[ $r == ok ]]
+}
+
 recovery() {
-    local r secs deadline=$((SECONDS + 20))
-    until read -r r secs < <(io read $((7 << 20))) && [[ $r == ok ]]; do
-        ((SECONDS < deadline)) || fail "$1: no recovery 20 s after the server returned"
-        sleep 0.5
-    done
+    local r secs
+    wait_until 20 reads_ok || fail "$1: no recovery 20 s after the server returned"
     read -r r secs < <(io write $((9 << 20)))
     [[ $r == ok ]] || fail "$1: write after recovery: $r"
     sync "$MNT/disk"
@@ -97,8 +98,7 @@ recovery "silent server"
 
 check "unmount after the outages"
 fusermount3 -u "$MNT"
-for _ in $(seq 200); do _pid_alive "$MOUNT_PID" || break; sleep 0.05; done
-! _pid_alive "$MOUNT_PID" || fail "mount process still running"
+wait_until 10 _pid_gone "$MOUNT_PID" || fail "mount process still running"
 wait "$MOUNT_PID" || fail "mount exited with status $?"
 ! is_mounted "$MNT" || fail "still mounted"
 check_sanitizer_reports mount.log

@@ -39,22 +39,16 @@ mount_fg() {
     MOUNT_PID=$!
     MOUNTS+=("$(readlink -f "$mnt")")
     track_pid "$MOUNT_PID"
-    local deadline=$((SECONDS + 15))
-    until [[ -s $T/mount.pid ]]; do
+    if ! wait_file 15 "$T/mount.pid" "$MOUNT_PID"; then
         _pid_alive "$MOUNT_PID" || { tail -20 "$T/mount.log"; fail "mount of $src exited early"; }
-        ((SECONDS < deadline)) || fail "mount of $src not live after 15 s"
-        sleep 0.05
-    done
+        fail "mount of $src not live after 15 s"
+    fi
     is_mounted "$(readlink -f "$mnt")" || fail "pid file written but $mnt is not mounted"
 }
 
 # wait_gone PID SECONDS: the process ended; its exit status in GONE_RC.
 wait_gone() {
-    local deadline=$((SECONDS + $2))
-    while _pid_alive "$1"; do
-        ((SECONDS < deadline)) || fail "process $1 still running after $2 s"
-        sleep 0.05
-    done
+    wait_until "$2" _pid_gone "$1" || fail "process $1 still running after $2 s"
     GONE_RC=0
     wait "$1" 2>/dev/null || GONE_RC=$?
 }
@@ -257,8 +251,7 @@ MOUNTS+=("$(readlink -f mnt)")
 MOUNT_PID=$(cat d.pid)
 cmp mnt/vm vm-after.raw || fail "daemon mount contents"
 kill -TERM "$MOUNT_PID"
-for _ in $(seq 100); do _pid_alive "$MOUNT_PID" || break; sleep 0.1; done
-! _pid_alive "$MOUNT_PID" || fail "daemon still running after SIGTERM"
+wait_until 10 _pid_gone "$MOUNT_PID" || fail "daemon still running after SIGTERM"
 ! is_mounted "$(readlink -f mnt)" || fail "daemon left its mount"
 [[ ! -e d.pid ]] || fail "daemon left its pid file"
 grep -q "mounted vm.qcow2" daemon.log || fail "nothing in the daemon's log file"
@@ -271,6 +264,6 @@ check "a killed mount process leaves no dead mount (auto_unmount)"
 mount_fg vm.qcow2 mnt
 kill -KILL "$MOUNT_PID"
 wait_gone "$MOUNT_PID" 10
-for _ in $(seq 100); do is_mounted "$(readlink -f mnt)" || break; sleep 0.1; done
-! is_mounted "$(readlink -f mnt)" || fail "SIGKILL left a dead mount"
+unmounted() { ! is_mounted "$(readlink -f mnt)"; }
+wait_until 10 unmounted || fail "SIGKILL left a dead mount"
 ok "the mount went with the process"

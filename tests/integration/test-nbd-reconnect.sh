@@ -13,11 +13,8 @@ BACK="nbd+unix:///?socket=$T/back.sock"
 BACK_PID=
 
 wait_pid_file() { # FILE PID
-  for _ in $(seq 200); do
-    [ -s "$1" ] && return 0
-    _pid_alive "$2" || fail "backend died at start: $(tail -3 "$T/back.log")"
-    sleep 0.05
-  done
+  wait_file 10 "$1" "$2" && return 0
+  _pid_alive "$2" || fail "backend died at start: $(tail -3 "$T/back.log")"
   fail "backend did not start"
 }
 
@@ -99,7 +96,7 @@ check "--nbd-connections 2: two connections"
   2>two.log &
 two=$!
 track_pid $two
-for _ in $(seq 100); do [ -S "$T/two.sock" ] && break; sleep 0.05; done
+wait_until 5 test -S "$T/two.sock" || fail "the second front did not start"
 [ "$(back_conns)" -eq 6 ] || fail "$(back_conns) connections, expected 4 + 2"
 kill $two
 wait $two || fail "the second front exited with $?"
@@ -149,24 +146,30 @@ start_back 64M
 expect_ok "read once the size is right" read 0 4096 >/dev/null
 ok "refused, then accepted"
 
+# in_backend OP: the backend (nbdkit -v) has logged OP since line $mark of
+# back.log: the request is in flight there, held by the delay filter.
+in_backend() { tail -n +$((mark + 1)) "$T/back.log" | grep -q "delay: $1 "; }
+
 check "in flight at the loss: a write fails at once, a read is sent again"
 kill_back
-start_nbdkit --filter=delay memory 64M rdelay=3 wdelay=3
+start_nbdkit -v --filter=delay memory 64M rdelay=3 wdelay=3
 expect_ok "flush on the slow backend" flush >/dev/null
+mark=$(wc -l <"$T/back.log")
 op write 0 4096 9 >w.out &
 wpid=$!
-sleep 1
+wait_until 10 in_backend pwrite || fail "the write never reached the backend"
 kill_back
 wait $wpid || true
 r=$(cat w.out)
 [[ $r == error* ]] || fail "a write in flight at the loss: $r"
 awk -v t="$(cut -d' ' -f2 <<<"$r")" 'BEGIN{exit !(t < 2.5)}' ||
   fail "the write failed only after $r s: it should fail at the loss"
-start_nbdkit --filter=delay memory 64M rdelay=3 wdelay=3
+start_nbdkit -v --filter=delay memory 64M rdelay=3 wdelay=3
 expect_ok "flush on the slow backend" flush >/dev/null
+mark=$(wc -l <"$T/back.log")
 op read 0 4096 >r.out &
 rpid=$!
-sleep 1
+wait_until 10 in_backend pread || fail "the read never reached the backend"
 kill_back
 start_back 64M
 wait $rpid || true
@@ -200,8 +203,8 @@ stop_server
 close_promptly() {
   local t0=$SECONDS rc=0
   kill -TERM "$SERVER_PID"
-  for _ in $(seq 60); do server_alive || break; sleep 0.05; done
-  server_alive && fail "the front did not exit within 3 s of SIGTERM"
+  wait_until 3 _pid_gone "$SERVER_PID" ||
+    fail "the front did not exit within 3 s of SIGTERM"
   wait "$SERVER_PID" || rc=$?
   SERVER_PID=
   check_sanitizer_reports "$T/server.log"

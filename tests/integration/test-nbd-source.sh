@@ -10,7 +10,7 @@ cd "$T"
 "$BLOCKPORT" serve --unix "$T/back.sock" --pid-file "$T/back.pid" memory:64M \
   2>"$T/back.log" &
 track_pid $!
-for _ in $(seq 100); do [ -s "$T/back.pid" ] && break; sleep 0.05; done
+wait_file 5 "$T/back.pid" $! || fail "the backend did not start"
 BACK="nbd+unix:///?socket=$T/back.sock"
 
 check "a blockport export of an nbd+unix:// source: writes reach the backend"

@@ -79,6 +79,8 @@ cmp "$T/odd-src.img" "$T/odd-out.img" || fail "odd-sized export round trip diffe
 if command -v nbdsh >/dev/null; then
     run nbdsh -u "$URI" -c "assert h.pread(1, $ODD - 1) == open('$T/odd-src.img','rb').read()[-1:]" ||
         fail "last byte of the odd-sized export wrong"
+else
+    skip_case "no nbdsh: the last byte of the odd-sized export is not read alone"
 fi
 stop_server
 cmp "$T/odd-src.img" "$T/odd.img" || fail "odd-sized backing file differs"

@@ -17,7 +17,7 @@ mount_plugin() {
     "$BLOCKPORT" mount --foreground -P mount.pid "$@" mnt >mount.log 2>&1 &
     track_pid $!
     MPID=$!
-    for _ in $(seq 100); do [[ -s mount.pid ]] && return 0; sleep 0.05; done
+    wait_file 5 mount.pid $MPID && return 0
     cat mount.log
     fail "mount $* did not come up"
 }

@@ -25,8 +25,7 @@ start_nbdkit() {
         "$PLUGIN" "$@" 2>>nbdkit.log &
     NBDKIT_PID=$!
     track_pid "$NBDKIT_PID"
-    for _ in $(seq 200); do [[ -s nbdkit.pid ]] && break; sleep 0.05; done
-    [[ -s nbdkit.pid ]] || { cat nbdkit.log; fail "nbdkit $* did not start"; }
+    wait_file 10 nbdkit.pid "$NBDKIT_PID" || { cat nbdkit.log; fail "nbdkit $* did not start"; }
     URI="nbd+unix:///?socket=$T/nbdkit.sock"
 }
 stop_nbdkit() {
@@ -103,7 +102,7 @@ check "a file that does not exist: nbdkit exits with the plugin's error"
 # With ASan preloaded into nbdkit, its exit during configuration hangs in
 # libp11-kit's destructor (freelocale); the plain build checks this.
 if [[ ${#NBDKIT_ENV[@]} -gt 0 ]]; then
-    ok "skipped under the sanitizer"
+    skip_case "under the sanitizer: the plain build checks it"
     exit 0
 fi
 if nbdkit -f -U "$T/x.sock" "$PLUGIN" file=nonexistent.qcow2 2>err.txt; then

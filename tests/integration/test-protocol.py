@@ -7,8 +7,10 @@ Each case starts its own server(s) on a Unix socket in a temporary
 directory, talks raw NBD to it through nbdwire (standard library only, so
 extended headers can be tested without a recent libnbd or QEMU), and stops
 it with SIGTERM, expecting exit status 0.  Prints "ok NAME" or
-"FAIL NAME: why" per case and a closing "N passed, M failed" line.
-Exit status: 0 all passed, 1 any failure, 77 when BLOCKPORT is unusable.
+"FAIL NAME: why" per case and a closing "N passed, M failed, K skipped"
+line.
+Exit status: 0 all passed, 1 any failure, 77 when BLOCKPORT is unusable
+or no case passed (all skipped).
 """
 
 import os
@@ -158,6 +160,21 @@ class Server:
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def conn_threads(self):
+        """The names of the server's connection threads (bp-conn-ID, one
+        per open connection, IDs counting from 1)."""
+        names = set()
+        task = "/proc/%d/task" % self.proc.pid
+        for tid in os.listdir(task):
+            try:
+                with open("%s/%s/comm" % (task, tid)) as f:
+                    name = f.read().strip()
+            except OSError:
+                continue  # the thread just ended
+            if name.startswith("bp-conn-"):
+                names.add(name)
+        return names
 
     def stop(self):
         """SIGTERM; returns the exit status (None if it had to be
@@ -1117,8 +1134,11 @@ def truncated_request(t):
         c = s.connect()
         c.recv_exact(4)
         c.close()
-        time.sleep(0.2)
+        # Every connection but the first has been cleaned up.
+        casetest.wait_until(10, lambda: not s.alive() or
+                            s.conn_threads() == {"bp-conn-1"})
         check(s.alive(), "server died: %s" % s.log_tail())
+        eq(s.conn_threads(), {"bp-conn-1"}, "connection threads left")
         n = s.client(structured=True)
         r = ok_reply(n.read(0, 4096), "new connection read")
         eq(r.content(), pattern(4096, 4), "data (the partial write must not "
@@ -1408,7 +1428,8 @@ def sigterm_with_open_connections(t):
         ok_reply(a.write(0, pattern(4096, 1)), "write")
         b = s.connect()
         b.handshake()          # parked in negotiation
-        time.sleep(0.1)
+        check(casetest.wait_until(10, lambda: len(s.conn_threads()) == 2),
+              "connection threads: %r" % s.conn_threads())
         t0 = time.monotonic()
         rc = s.stop()
         check(rc is not None, "server ignored SIGTERM for 10 s with open "

@@ -185,7 +185,7 @@ mk() {
 # REFUSE_TIMEOUT seconds.  Sets TRY_RC (exit status, or "up" if it started
 # serving) and TRY_OUT (its output file).
 try_serve() {
-    local img=$1 i pid
+    local img=$1 pid
     shift
     TRY_OUT=$T/try.log
     rm -f "$T/try.sock" "$T/try.pid"
@@ -193,24 +193,15 @@ try_serve() {
         </dev/null >"$TRY_OUT" 2>&1 &
     pid=$!
     TRY_RC=hang
-    for ((i = 0; i < REFUSE_TIMEOUT * 20; i++)); do
-        if [[ -s $T/try.pid ]]; then
-            TRY_RC=up
-            break
-        fi
-        if ! kill -0 $pid 2>/dev/null; then
-            TRY_RC=0
-            wait $pid || TRY_RC=$?
-            return
-        fi
-        sleep 0.05
-    done
+    if wait_file "$REFUSE_TIMEOUT" "$T/try.pid" $pid; then
+        TRY_RC=up
+    elif _pid_gone $pid; then
+        TRY_RC=0
+        wait $pid || TRY_RC=$?
+        return
+    fi
     kill -TERM $pid 2>/dev/null || true
-    for ((i = 0; i < 40; i++)); do
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.05
-    done
-    kill -KILL $pid 2>/dev/null || true
+    wait_until 2 _pid_gone $pid || kill -KILL $pid 2>/dev/null || true
     wait $pid 2>/dev/null || true
 }
 

@@ -194,7 +194,7 @@ for ct in zlib zstd; do
         if ! qemu-img convert -c -O qcow2 -o "compression_type=$ct,cluster_size=$cs" \
             "$D/compress-src.raw" "$D/$n/image" 2>"$T/conv.err"; then
             if [[ $ct == zstd ]]; then
-                echo "NOTE: qemu-img cannot write zstd-compressed qcow2, skipping zstd:" >&2
+                skip_case "qemu-img cannot write zstd-compressed qcow2: no zstd images"
                 cat "$T/conv.err" >&2
                 break
             fi
@@ -337,7 +337,7 @@ if qemu-img bitmap --add "$D/$n/image" b0 2>/dev/null; then
     qemu-img bitmap --add "$D/$n/image" b1
     add_image $n "$D/$n/image"
 else
-    echo "NOTE: qemu-img bitmap not available; bitmaps case skipped" >&2
+    skip_case "qemu-img bitmap not available: no image with bitmaps"
 fi
 
 # Internal snapshots, with writes, discards and zero writes after them (the
@@ -398,7 +398,7 @@ dirty=$("$PY" -c 'import struct,sys; f=open(sys.argv[1],"rb"); f.seek(72); print
 if [[ $dirty == 1 ]]; then
     add_image $n "$D/$n/image"
 else
-    echo "NOTE: qemu-io did not leave the lazy-refcounts image dirty; case skipped" >&2
+    skip_case "qemu-io did not leave the lazy-refcounts image dirty"
 fi
 
 # External data file (raw and not raw).  The data file is named by absolute
@@ -412,7 +412,7 @@ for raw in on off; do
         std_writes "$D/$n/image" 65536 $((16 * M))
         add_image $n "$D/$n/image"
     else
-        echo "NOTE: qemu-img cannot create data_file images:" >&2
+        skip_case "qemu-img cannot create data_file images:"
         cat "$T/df.err" >&2
     fi
 done
@@ -633,17 +633,12 @@ EOF
 # Can blockport open IMAGE at all?  Started by hand (not start_server) so
 # that a refusal is recorded and the rest of the matrix still runs.
 probe_serve() {
-    local img=$1 rc=0 i
+    local img=$1 rc=0
     rm -f "$T/probe.sock" "$T/probe.pid"
     "$BLOCKPORT" serve --readonly --unix "$T/probe.sock" --pid-file "$T/probe.pid" "$img" \
         </dev/null >"$T/probe.log" 2>&1 &
     local pid=$!
-    for ((i = 0; i < 200; i++)); do
-        [[ -s $T/probe.pid ]] && break
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.05
-    done
-    if [[ -s $T/probe.pid ]]; then
+    if wait_file 10 "$T/probe.pid" $pid; then
         kill -TERM $pid
         wait $pid || rc=$?
         ((rc == 0)) || { cat "$T/probe.log" >&2; fail_soft "probe server for $img exited $rc on SIGTERM"; }

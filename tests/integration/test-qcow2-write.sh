@@ -190,10 +190,11 @@ for i in $(seq 1 12); do
   # Data written and flushed before the storm must survive the kill.
   qemu-io -f qcow2 -c 'write -P 0x7e 60M 1M' "$T/k.qcow2" >/dev/null
   start_server "$T/k.qcow2"
-  # Its own process group: only SIGKILL to the group ends job processes
-  # stuck in a call to the dead server.
-  (cd "$T" && exec setsid fio storm.fio >/dev/null 2>&1) &
+  # fio's job processes may sit in a call to the dead server, in sessions
+  # of their own: kill_tree ends them all.
+  (cd "$T" && exec fio storm.fio >/dev/null 2>&1) &
   storm=$!
+  track_pid $storm
   # And so must every write acknowledged before a completed FLUSH: the
   # tracker writes 16 blocks of 4 KiB in [40M, 56M) per round with a
   # pattern naming the round, flushes, and only then logs the round.
@@ -215,13 +216,13 @@ while True:
     os.fsync(log.fileno())
 PYEOF
   tracker=$!
+  track_pid $tracker
+  # The moment of the crash, at random (not a wait for anything).
   sleep "0.$((3 + RANDOM % 7))"
   kill -9 "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
-  kill -KILL -- -"$storm" 2>/dev/null || true
-  wait $storm 2>/dev/null || true
-  kill $tracker 2>/dev/null || true
-  wait $tracker 2>/dev/null || true
+  kill_tree $storm
+  kill_tree $tracker
   SERVER_PID=
   rc=0; qemu-img check "$T/k.qcow2" >"$T/check.txt" 2>&1 || rc=$?
   # 0 clean, 3 leaks only; 2 (corruption) or anything else fails.

@@ -57,8 +57,7 @@ time.sleep(60)
 EOF
 idle_pid=$!
 track_pid $idle_pid
-for i in $(seq 100); do grep -q connected "$T/idle.out" 2>/dev/null && break; sleep 0.1; done
-grep -q connected "$T/idle.out" || { cat "$T/idle.out"; fail "idle client did not connect"; }
+wait_until 10 grep -q connected "$T/idle.out" || { cat "$T/idle.out"; fail "idle client did not connect"; }
 SERVER_STOP_TIMEOUT=15 stop_server TERM
 after_exit_checks "$pid"
 kill "$idle_pid" 2>/dev/null || true
@@ -82,8 +81,7 @@ time.sleep(60)
 EOF
 stall_pid=$!
 track_pid $stall_pid
-for i in $(seq 100); do grep -q stalled "$T/stall.out" 2>/dev/null && break; sleep 0.1; done
-grep -q stalled "$T/stall.out" || { cat "$T/stall.out"; fail "stalling clients did not connect"; }
+wait_until 10 grep -q stalled "$T/stall.out" || { cat "$T/stall.out"; fail "stalling clients did not connect"; }
 SERVER_STOP_TIMEOUT=15 stop_server TERM
 after_exit_checks "$pid"
 kill "$stall_pid" 2>/dev/null || true
@@ -143,9 +141,10 @@ track_pid $writer_pid
 timeout 120 nbdcopy --connections=4 --requests=64 "$T/src.img" "$(export_uri mem)" >"$T/copy.out" 2>&1 &
 copy_pid=$!
 track_pid $copy_pid
-for i in $(seq 100); do grep -q running "$T/writer.out" 2>/dev/null && break; sleep 0.05; done
-grep -q running "$T/writer.out" || { cat "$T/writer.out"; fail "writer did not start"; }
-sleep 0.2
+wait_until 5 grep -q running "$T/writer.out" || { cat "$T/writer.out"; fail "writer did not start"; }
+# And nbdcopy is copying: it has chosen its export (--verbose logs it).
+wait_until 10 grep -q "): export 'mem'" "$T/server.log" ||
+  { cat "$T/copy.out"; fail "nbdcopy did not connect"; }
 server_alive || fail "server died under load"
 SERVER_STOP_TIMEOUT=20 stop_server TERM
 after_exit_checks "$pid"
@@ -176,12 +175,13 @@ done
 
 ########################################################################
 check "SIGINT under load (nbdcopy reading) -> exit 0"
-start_server "$T/big.img"
+start_server --verbose "$T/big.img"
 pid=$SERVER_PID
 timeout 120 nbdcopy --connections=4 --requests=64 "$URI" "$T/copyout.img" >"$T/copy2.out" 2>&1 &
 copy_pid=$!
 track_pid $copy_pid
-sleep 0.3
+wait_until 10 grep -q "): export ''" "$T/server.log" ||
+  { cat "$T/copy2.out"; fail "nbdcopy did not connect"; }
 server_alive || fail "server died under read load"
 stop_server INT
 after_exit_checks "$pid"
@@ -215,7 +215,18 @@ h.connect_uri(sys.argv[1])
 h.pwrite(b"a" * 4096, 0)
 h.flush()
 os.kill(int(sys.argv[2]), signal.SIGTERM)
-time.sleep(0.3)
+# Shutdown has begun once a harmless read is refused with ESHUTDOWN.
+deadline = time.monotonic() + 10
+while True:
+    try:
+        h.pread(512, 0)
+    except nbd.Error as e:
+        if e.errno not in (errno.ESHUTDOWN, "ESHUTDOWN"):
+            sys.exit("read after SIGTERM: errno %s, want ESHUTDOWN" % e.errno)
+        break
+    if time.monotonic() > deadline:
+        sys.exit("reads still served 10 s after SIGTERM")
+    time.sleep(0.01)
 try:
     h.pwrite(b"b" * 4096, 0)
     sys.exit("a write after SIGTERM was executed")
@@ -224,12 +235,7 @@ except nbd.Error as e:
         sys.exit("errno %s, want ESHUTDOWN" % e.errno)
 h.shutdown()
 PYEOF
-stop_server_wait() {
-  local i
-  for i in $(seq 100); do _pid_alive "$SERVER_PID" || break; sleep 0.05; done
-}
-stop_server_wait
-_pid_alive "$SERVER_PID" && fail "server still running after its client left"
+wait_until 5 _pid_gone "$SERVER_PID" || fail "server still running after its client left"
 wait "$SERVER_PID" || fail "server exit status $?"
 SERVER_PID=
 head -c 4096 "$T/sd.img" | tr -d a | grep -q . && fail "the refused write landed"

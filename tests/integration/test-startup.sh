@@ -63,7 +63,7 @@ time.sleep(30)
 EOF
 holder=$!
 track_pid $holder
-for i in $(seq 50); do [[ -s $T/port.txt ]] && break; sleep 0.1; done
+wait_file 5 "$T/port.txt" $holder || true
 busy=$(cat "$T/port.txt")
 [[ -n $busy ]] || fail "could not reserve a port"
 expect_startup_failure "port $busy busy" --bind 127.0.0.1 --port "$busy" --pid-file "$T/p5" "memory:1M"
@@ -88,7 +88,7 @@ time.sleep(60)
 EOF
     HOLDER=$!
     track_pid "$HOLDER"
-    for _ in $(seq 100); do [[ -s $T/held.port ]] && break; sleep 0.05; done
+    wait_file 5 "$T/held.port" "$HOLDER" || true
     HELD=$(cat "$T/held.port")
     [[ -n $HELD ]] || fail "could not listen on $1"
 }

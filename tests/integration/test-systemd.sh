@@ -9,14 +9,9 @@
 source "$(dirname "$0")/lib.sh"
 require nbdinfo qemu-img cmp
 
-# systemd-socket-activate comes with Debian's `systemd` package.
-if ! command -v systemd-socket-activate >/dev/null 2>&1; then
-    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends systemd >/dev/null 2>&1 || true
-    fi
-    require systemd-socket-activate
-fi
+# systemd-socket-activate comes with Debian's `systemd` package
+# (contrib/install-deps.sh installs it).
+require systemd-socket-activate
 
 # Variables systemd-socket-activate must pass on (it passes only PATH,
 # HOME, TERM and what -E names).
@@ -41,23 +36,17 @@ activate() {
     "${_env_reset[@]}" systemd-socket-activate "${listen[@]}" "${pass[@]}" \
         "$BLOCKPORT" serve "$@" </dev/null >>"$T/server.log" 2>&1 &
     SERVER_PID=$!
-    local n=$((${#listen[@]} / 2)) i
-    for ((i = 0; i < 100; i++)); do
-        (($(grep -c '^Listening on' "$T/server.log") >= n)) && return 0
-        server_alive || break
-        sleep 0.05
-    done
-    fail "systemd-socket-activate did not listen: $(cat "$T/server.log")"
+    local n=$((${#listen[@]} / 2))
+    wait_until 5 eval '(($(grep -c "^Listening on" "$T/server.log") >= n)) || ! server_alive'
+    (($(grep -c '^Listening on' "$T/server.log") >= n)) ||
+        fail "systemd-socket-activate did not listen: $(cat "$T/server.log")"
 }
 
 # wait_exit STATUS: the server must exit by itself with STATUS.
 wait_exit() {
-    local want=$1 rc=0 i
-    for ((i = 0; i < 200; i++)); do
-        server_alive || break
-        sleep 0.05
-    done
-    server_alive && fail "server still running, expected exit status $want"
+    local want=$1 rc=0
+    wait_until 10 _pid_gone "$SERVER_PID" ||
+        fail "server still running, expected exit status $want"
     wait "$SERVER_PID" || rc=$?
     SERVER_PID=
     [[ $rc -eq $want ]] || fail "exit status $rc, expected $want"
@@ -228,12 +217,8 @@ listen_notify() {
 
 # wait_for_line LINE: LINE appears in the listener's output within 10 s.
 wait_for_line() {
-    local i
-    for ((i = 0; i < 200; i++)); do
-        grep -qxF -- "$1" "$T/notify.out" && return 0
-        sleep 0.05
-    done
-    fail "notify listener: no '$1' within 10 s: $(cat "$T/notify.out")"
+    wait_until 10 grep -qxF -- "$1" "$T/notify.out" ||
+        fail "notify listener: no '$1' within 10 s: $(cat "$T/notify.out")"
 }
 
 check "NOTIFY_SOCKET (path): READY=1 once accepting, STOPPING=1 at SIGTERM"

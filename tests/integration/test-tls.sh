@@ -216,8 +216,7 @@ time.sleep(30)
 EOF
 IDLE_PID=$!
 track_pid $IDLE_PID
-for _ in $(seq 200); do [[ -e idle.ready ]] && break; sleep 0.05; done
-[[ -e idle.ready ]] || fail "the idle TLS client did not connect"
+wait_until 10 test -e idle.ready || fail "the idle TLS client did not connect"
 stop_server
 ok "the server left its idle TLS client and exited 0"
 start_server --tls require --tls-psk "$PSK" memory:128M
@@ -230,8 +229,7 @@ BACK_SOCK=$SOCK
   "$(psk_uri)" 2>"$T/front.log" &
 FRONT_PID=$!
 track_pid $FRONT_PID
-for _ in $(seq 200); do [[ -s $T/front.pid ]] && break; sleep 0.05; done
-[[ -s $T/front.pid ]] || { cat "$T/front.log"; fail "front server did not start"; }
+wait_file 10 "$T/front.pid" $FRONT_PID || { cat "$T/front.log"; fail "front server did not start"; }
 FRONT="nbd+unix:///?socket=$T/front.sock"
 run qemu-io -f raw -c 'read -P 0x5a 1M 8M' -c 'write -P 0x77 40M 2M' "$FRONT" \
   >/dev/null || fail "I/O through the front server"
@@ -254,12 +252,13 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
   "${_env_reset[@]}" "$BLOCKPORT" mount --foreground -P mount.pid "$(psk_uri)" \
     "$MNT" </dev/null >mount.log 2>&1 &
   track_pid $!
-  for _ in $(seq 300); do [[ -s mount.pid ]] && break; sleep 0.05; done
-  [[ -s mount.pid ]] || { cat mount.log; fail "mount over TLS not live"; }
+  wait_file 15 mount.pid $! || { cat mount.log; fail "mount over TLS not live"; }
   cmp -n $((2 << 20)) -i $((40 << 20)):0 "$MNT/disk" <(head -c $((2 << 20)) /dev/zero | tr '\0' 'w') ||
     fail "mounted disk content"
   fusermount3 -u "$MNT" || fail "unmount"
   ok "mounted and read over TLS"
+else
+  skip_case "no FUSE here (needs /dev/fuse, root, fusermount3): no mount over TLS"
 fi
 
 check "blockport vhost of an nbds+unix:// URI (a vhost-user front end in Python)"
@@ -267,8 +266,7 @@ check "blockport vhost of an nbds+unix:// URI (a vhost-user front end in Python)
   --once "$(psk_uri)" </dev/null >vhost.log 2>&1 &
 VHOST_PID=$!
 track_pid $VHOST_PID
-for _ in $(seq 200); do [[ -s vhost.pid ]] && break; sleep 0.05; done
-[[ -s vhost.pid ]] || { cat vhost.log; fail "vhost over TLS did not start"; }
+wait_file 10 vhost.pid $VHOST_PID || { cat vhost.log; fail "vhost over TLS did not start"; }
 "$PY" - "$T/vhost.sock" "$TESTS_DIR" <<'PYEOF' || { cat vhost.log; fail "vhost I/O over TLS"; }
 import sys
 sys.path.insert(0, sys.argv[2])
@@ -407,7 +405,7 @@ while True:
 EOF
 "$PY" proxy.py pport "$PORT" capture.bin &
 track_pid $!
-for _ in $(seq 100); do [[ -s pport ]] && break; sleep 0.05; done
+wait_file 5 pport $! || fail "the proxy did not start"
 PPORT=$(cat pport)
 refused "plain nbdinfo over TCP" nbdinfo "nbd://127.0.0.1:$PPORT"
 refused "plain qemu-img over TCP" run qemu-img convert -O raw "nbd://127.0.0.1:$PPORT" plain.raw
@@ -418,7 +416,10 @@ cmp tls.raw secret.raw || fail "data read over TLS differs"
 run qemu-io --object "tls-creds-psk,id=t0,endpoint=client,dir=$T/psk,username=alice" \
   --image-opts "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$PPORT,tls-creds=t0" \
   -c 'write -P 0x5a 0 1M' >/dev/null || fail "write over TLS through the proxy"
-sleep 0.2
+# The proxy records what it relays before passing it on, so all of it is
+# there already; the wait only makes that explicit.
+captured() { (($(stat -c %s capture.bin) > 5 * 1024 * 1024)); }
+wait_until 5 captured || fail "the proxy captured only $(stat -c %s capture.bin) bytes"
 "$PY" - capture.bin <<'EOF' || fail "export data seen in the clear"
 import sys
 cap = open(sys.argv[1], "rb").read()
@@ -445,14 +446,12 @@ mkdir clicarol && cp newca/ca-cert.pem clicarol/ &&
 mkdir srv2 && cp ca/ca-cert.pem server-cert.pem server-key.pem srv2/
 start_server --tls require --tls-certs "$T/srv2" --tls-verify-peer memory:16M
 # hup_and_wait N: SIGHUP, then wait for the Nth reload line in the log.
+reloads_logged() {
+  (($(grep -c "reloaded the TLS\|credentials cannot be loaded" "$T/server.log") >= $1))
+}
 hup_and_wait() {
   kill -HUP "$SERVER_PID"
-  for _ in $(seq 200); do
-    (($(grep -c "reloaded the TLS\|credentials cannot be loaded" "$T/server.log") >= $1)) &&
-      return 0
-    sleep 0.05
-  done
-  fail "no reload logged after SIGHUP"
+  wait_until 10 reloads_logged "$1" || fail "no reload logged after SIGHUP"
 }
 # bob connects now and stays connected over the reloads.
 "$PY" - "$SOCK" "$T/clibob" "$T/bob.ready" "$T/bob.go" >bob.out 2>&1 <<'EOF' &
@@ -464,15 +463,16 @@ h.set_tls_certificates(certs)
 h.connect_unix(sock)
 h.pwrite(b"B" * 4096, 0)
 open(ready, "w").close()
+deadline = time.monotonic() + 120
 while not os.path.exists(go):
+    assert time.monotonic() < deadline, "never told to go on"
     time.sleep(0.05)
 assert h.pread(4096, 0) == b"B" * 4096
 h.shutdown()
 print("bob's connection carried on")
 EOF
 BOB=$!
-for _ in $(seq 200); do [[ -e bob.ready ]] && break; sleep 0.05; done
-[[ -e bob.ready ]] || { cat bob.out; fail "bob did not connect"; }
+wait_until 10 test -e bob.ready || { cat bob.out; fail "bob did not connect"; }
 # Revoke bob.  Until the reload, the server does not know.
 printf '%s\n' crl_next_update=2 crl_number=1 >crl.info
 certtool --generate-crl --load-ca-privkey ca/ca-key.pem --load-ca-certificate ca/ca-cert.pem \

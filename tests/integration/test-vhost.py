@@ -59,9 +59,10 @@ class Env:
             time.sleep(0.02)
         return p
 
-    def log(self, p):
+    def log(self, p, tail=2000):
+        """The end of p's log (all of it with tail=0)."""
         with open(p.log_path) as f:
-            return f.read()[-2000:]
+            return f.read()[-tail:]
 
     def vhost(self, source, *opts, name="vhost"):
         sock, pid = self.path(name + ".sock"), self.path(name + ".pid")
@@ -287,8 +288,9 @@ def case_restart_resubmits_inflight(env):
     if not nbdkit:
         raise Skip("nbdkit not installed")
     sock, pid = env.path("kit.sock"), env.path("kit.pid")
-    env.start([nbdkit, "-f", "-U", sock, "-P", pid, "--filter=delay",
-               "memory", "16M", "delay-read=2"], pid, "nbdkit")
+    kit = env.start([nbdkit, "-v", "-f", "-U", sock, "-P", pid,
+                     "--filter=delay", "memory", "16M", "delay-read=2"], pid,
+                    "nbdkit")
     uri = "nbd+unix:///?socket=" + sock
     p = env.vhost(uri)
     fe, g, q, blk, _ = session(env, p.sock, new_inflight=True)
@@ -298,7 +300,10 @@ def case_restart_resubmits_inflight(env):
     for i in range(4):
         g.write_fast(blk.slot_data(i), bytes(4096))
         blk.submit(i, T_IN, i * 8, nbytes=4096)
-    time.sleep(0.5)  # the reads now wait in nbdkit's delay filter
+    # Kill once all four reads wait in nbdkit's delay filter (-v logs them).
+    check(casetest.wait_until(
+        10, lambda: env.log(kit, 0).count("delay: pread ") >= 4),
+        "the reads did not reach nbdkit: %s" % env.log(kit))
     p.kill()
     p.wait()
     eq(q.used_idx(), 4, "used entries before the crash")

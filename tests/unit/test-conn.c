@@ -24,10 +24,50 @@ struct fconn {
 
 static atomic_int active_all, max_all, max_conn, opened, closed;
 
+/* The overlap a level must allow (2) or forbid (1), overall and within
+ * one connection.  A call that expects overlap waits, up to a deadline,
+ * for it to happen: a level that wrongly serialises fails at the deadline
+ * however slow the machine, and a correct one passes as soon as the
+ * second call arrives.  A call that may not overlap lingers 2 ms, the
+ * window in which a wrong overlap would show (no result depends on its
+ * length). */
+static int want_all, want_conn;
+static atomic_bool gave_up; /* one wait timed out: the others need not */
+static pthread_mutex_t gate = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+
 static void bump_max(atomic_int *m, int v) {
   int cur = atomic_load(m);
   while (v > cur && !atomic_compare_exchange_weak(m, &cur, v))
     ;
+}
+
+static bool overlap_seen(void) {
+  return atomic_load(&max_all) >= want_all &&
+         atomic_load(&max_conn) >= want_conn;
+}
+
+static void wait_for_overlap(void) {
+  bool expect = (want_all > 1 || want_conn > 1) && !atomic_load(&gave_up);
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  if (expect)
+    deadline.tv_sec += 10;
+  else
+    deadline.tv_nsec += 2 * 1000 * 1000;
+  if (deadline.tv_nsec >= 1000000000) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&gate);
+  pthread_cond_broadcast(&gate_cond); /* a new call: maybe the awaited one */
+  while (!(expect && overlap_seen()))
+    if (pthread_cond_timedwait(&gate_cond, &gate, &deadline) != 0) {
+      if (expect)
+        atomic_store(&gave_up, true);
+      break;
+    }
+  pthread_mutex_unlock(&gate);
 }
 
 static int f_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
@@ -38,7 +78,7 @@ static int f_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   bump_max(&max_all, atomic_fetch_add(&active_all, 1) + 1);
   int mine = atomic_fetch_add(&c->active, 1) + 1;
   bump_max(&max_conn, mine);
-  usleep(2000);
+  wait_for_overlap();
   memset(buf, c->name[0], len);
   atomic_fetch_sub(&c->active, 1);
   atomic_fetch_sub(&active_all, 1);
@@ -88,6 +128,10 @@ static void count_done(struct bd_req *req, int err) {
   atomic_fetch_sub(&pending, 1);
 }
 
+static bool all_done(void) {
+  return atomic_load(&pending) == 0;
+}
+
 static void run_reads(struct bd *bd, struct bd_conn **conns, int nconns) {
   static struct bd_req req[4][16];
   static char buf[4][16][512];
@@ -102,13 +146,22 @@ static void run_reads(struct bd *bd, struct bd_conn **conns, int nconns) {
                                   .conn = conns[c]};
       bd_submit(bd, &req[c][i]);
     }
-  while (atomic_load(&pending) > 0)
+  /* Waits for an overlap end within 10 s (then gave_up), others in 2 ms. */
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
     usleep(1000);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while (!all_done() && t.tv_sec - t0.tv_sec < 60);
+  cr_assert(all_done(), "reads still pending after 60 s");
 }
 
 static void run_level(enum bd_concurrency conc, int expect_all,
                       int expect_conn) {
   cr_assert_eq(bd_pool_start(8), 0);
+  want_all = expect_all;
+  want_conn = expect_conn;
+  atomic_store(&gave_up, false);
   struct bd *bd = fake(conc);
   struct bd_conn *c[2] = {bd_conn_open(bd, "a", true),
                           bd_conn_open(bd, "b", true)};
@@ -156,6 +209,7 @@ Test(conn, serialize_conns_waits_for_the_first_to_close) {
   cr_assert_not_null(first);
   pthread_t t;
   pthread_create(&t, NULL, open_second, bd);
+  /* An absence can only be watched for a while: 100 ms to open too early. */
   usleep(100 * 1000);
   cr_assert_eq(atomic_load(&opened), 1, "the second opened too early");
   bd_conn_close(bd, first);
