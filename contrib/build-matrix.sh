@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build (only build: no tests) with -Werror in each COMPILER/BUILD_TYPE
 # configuration, so that a warning any of them gives is caught here and not
 # in someone else's build.  Each goes to build-matrix/COMPILER-TYPE.

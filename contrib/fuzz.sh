@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Fuzz every libFuzzer target for longer than CI does (default 10 minutes
 # each).  A thin wrapper over tests/fuzz/run.sh, which builds the targets,
 # replays the saved regression inputs and reports what it finds.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install what blockport needs to build, test and benchmark on Debian 12.
 # Idempotent; needs root (or sudo) for apt-get.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build the Debian package from build/ (cpack -G DEB), install it with
 # apt-get (which pulls its dependencies), serve an image with the installed
 # /usr/bin/blockport, read it back with nbdinfo, and remove the package.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Quick start: install dependencies, build, create a demo image and serve it.
 # Usage: contrib/quickstart.sh [PORT]
 set -euo pipefail

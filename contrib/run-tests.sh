@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The whole test suite: build normally and with ASan+UBSan, run every unit
 # and integration test under both, then each fuzzer briefly.
 # Usage: contrib/run-tests.sh      (FUZZ_SECONDS=N to change the fuzz time)

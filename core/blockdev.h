@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport: the block-device interface at the centre of the program.
  *
  * Every source (raw file, null, memory, and later qcow2, an NBD URI, an nbdkit

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Scope-based cleanup: a variable declared CLEANUP_FREE is freed when it
  * goes out of scope, so early returns cannot leak. */
 #ifndef BLOCKPORT_CLEANUP_H

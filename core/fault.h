@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Fault injection under the formats, for tests: chosen file I/Os fail with
  * an errno or are delayed.  Off unless the environment variable
  * BLOCKPORT_FAULTS holds rules, read once at the first I/O:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Image locks that QEMU honours.
  *
  * QEMU's file driver marks what each open file description of an image

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* File I/O that finishes the job: restarts on EINTR and short transfers. */
 #ifndef BLOCKPORT_IO_H
 #define BLOCKPORT_IO_H

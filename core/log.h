@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Logging: one line per event, to stderr (prefixed with the program name
  * and the level) or to syslog (daemon facility), filtered by level. */
 #ifndef BLOCKPORT_LOG_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The worker pool that runs blocking sources' operations in parallel.
  *
  * One pool serves the whole process: front ends submit requests through

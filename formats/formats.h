@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Constructors of the sources blockport can open.  Each returns a struct bd
  * (see core/blockdev.h) or NULL with a message set by bd_set_error(). */
 #ifndef BLOCKPORT_FORMATS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Where the bytes of an image live, layer by layer: what `qemu-img map`
  * prints, for `blockport map`.  A tool's view: it knows the formats. */
 #ifndef BLOCKPORT_MAP_H

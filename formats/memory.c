@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* memory: a sparse device held in RAM, lost when the process exits.
  *
  * The device is split into 64 KiB chunks allocated on first write, found

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbd: a remote export as a block device, through libnbd's asynchronous
  * calls.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* null: a device of a given size that reads zeroes and discards writes.
  * It measures the cost of the front end and protocol alone. */
 #include <errno.h>

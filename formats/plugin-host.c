@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The nbdkit_* functions nbdkit plugins import from their host, as
  * nbdkit-plugin(3) documents them.  Linked only into the blockport
  * executable, which exports exactly these symbols (formats/plugin-host.syms)

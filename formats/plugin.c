@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit plugins as a source: an unmodified nbdkit plugin (.so) loaded and
  * driven the way nbdkit drives it (see nbdkit-plugin(3)).
  *

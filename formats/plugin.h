@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit plugins as a source: what formats/plugin.c (the source, part of
  * blockport_core) shares with formats/plugin-host.c (the nbdkit_* functions
  * plugins import from their host, linked only into the blockport

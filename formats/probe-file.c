@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Probing files (the pure magic table is probe.c). */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Format probing by content, as qemu-img probes: every format QEMU knows
  * is recognised by its magic, so that an image blockport cannot read is
  * refused by name instead of being served as raw, and a raw image guessed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* raw: a file or block device whose bytes are the disk.
  *
  * Data goes through pread/pwrite (restarted on EINTR and short transfers),

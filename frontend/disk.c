@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Byte-granular requests over a block device: see disk.h. */
 #include "disk.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A disk as a front end sees it: one struct bd, and requests of any offset
  * and length made into requests the device accepts.
  *

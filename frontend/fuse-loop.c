@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The FUSE request loop and its buffer pool: see fuse-loop.h. */
 #define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>

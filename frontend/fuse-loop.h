@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The FUSE request loop: N threads that receive requests from one session
  * (fuse_session_receive_buf) into buffers of their own pool and dispatch
  * them (fuse_session_process_buf).

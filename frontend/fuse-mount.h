@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The FUSE front end: a disk (any struct bd) as a file, or as a directory
  * holding the disk and one file per partition.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The FUSE front end (libfuse3 low-level API): see fuse-mount.h.
  *
  * Inodes are fixed at mount time: in a directory mount the root directory

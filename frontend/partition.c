@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* MBR and GPT partition tables: see partition.h.  Every number read from
  * the disk is checked against the disk size (in 64-bit arithmetic that
  * cannot overflow) before it is used as an offset or a length. */

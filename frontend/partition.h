@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* MBR and GPT partition tables, parsed from bytes the caller supplies.
  *
  * Pure: the parser does no I/O of its own and keeps no state.  It asks the

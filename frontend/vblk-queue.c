@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* virtio-blk queues: chains in, bd requests out, used entries back.
  *
  * One request slot per descriptor head.  The queue thread pops a chain,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* vhost-user-blk back end; see vhost-user.h.
  *
  * The main thread owns the socket and all device state; it handles one

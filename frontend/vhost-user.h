@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* vhost-user-blk: the virtio-blk device core (virtio-blk.h) served to a
  * front end such as QEMU over a vhost-user Unix socket (qemu/qemu
  * docs/interop/vhost-user.rst).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* virtio-blk: feature bits, config space and request parsing (pure). */
 #include "virtio-blk.h"
 

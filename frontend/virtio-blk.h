@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The virtio-blk device model, independent of any transport.
  *
  * Two halves:

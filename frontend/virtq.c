@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Split virtqueues over guest memory; see virtq.h. */
 #include "virtq.h"
 

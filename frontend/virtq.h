@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Split virtqueues over guest memory: the transport-independent half of a
  * virtio device.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* nbdkit-blockport-plugin: blockport's formats (raw, and qcow2 read-write
  * with backing chains) served by nbdkit.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* --allow CIDR lists: see access.h. */
 #include "access.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Access control for TCP clients: --allow CIDR lists.  Pure: parsing and
  * matching, no sockets. */
 #ifndef BLOCKPORT_ACCESS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Small helpers every subcommand's command line uses. */
 #ifndef BLOCKPORT_CLI_H
 #define BLOCKPORT_CLI_H

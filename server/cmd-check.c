@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport check: qemu-img check for qcow2 images, with its exit codes. */
 #include <errno.h>
 #include <getopt.h>

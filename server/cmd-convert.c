@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport convert: copy an image into a new raw or qcow2 file, skipping
  * what reads as zeroes, with many requests in flight through the block
  * device interface (any source blockport opens, any chain). */

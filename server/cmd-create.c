@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport create: make a new raw or qcow2 image, as `qemu-img create`. */
 #include <errno.h>
 #include <fcntl.h>

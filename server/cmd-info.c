@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport info: facts about an image, as `qemu-img info` prints them.
  * Everything read from the file is checked before it is used: a corrupt
  * image gets a message and exit status 1. */

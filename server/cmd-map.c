@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport map: where an image's bytes live, as `qemu-img map` prints it
  * (human table, or --json with the same fields). */
 #include <getopt.h>

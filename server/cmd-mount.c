@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport mount: a disk image or NBD export as a file (or a directory of
  * the disk and its partitions) through FUSE.  The command line, the daemon
  * that returns once the mount is live, signals, and the order of shutdown;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport vhost: a disk image or NBD export as a vhost-user-blk device
  * for QEMU.  The command line, signals and the order of shutdown; the
  * protocol is frontend/vhost-user.c, the device frontend/virtio-blk.c. */

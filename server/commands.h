@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The subcommands of the blockport program: each takes argc/argv starting
  * at its own name and returns the process exit status. */
 #ifndef BLOCKPORT_COMMANDS_H

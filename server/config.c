@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The config file parser: see config.h and docs/CONFIG.md. */
 #include "config.h"
 

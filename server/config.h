@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The `blockport serve --config FILE` file (docs/CONFIG.md).  Pure: text in,
  * export declarations out; opening the images is the server's job. */
 #ifndef BLOCKPORT_CONFIG_H

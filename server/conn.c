@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* One NBD connection: the handshake, then the transmission loop.
  *
  * Each connection has one thread.  In transmission it reads the socket into

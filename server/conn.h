@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Internals of one NBD connection, shared by conn.c (reading and
  * dispatching requests), reply.c (laying out replies) and send.c (the
  * reply queue).  Not for use outside server/. */

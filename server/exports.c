@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Export sets and the devices they share: see exports.h. */
 #include "exports.h"
 

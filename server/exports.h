@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The exports a server offers, as immutable generations.
  *
  * A configuration (the command line, or a config file read at startup and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The NBD fixed-newstyle option haggling as a pure state machine: one call
  * per option, replies appended to a byte buffer.  The socket loop in
  * conn.c feeds it; the unit tests and the fuzzer feed it directly. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport: one program, subcommands for each way to reach a disk. */
 #include <stdio.h>
 #include <string.h>

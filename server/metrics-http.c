@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The metrics listener: a thread answering GET /metrics, one request per
  * connection (HTTP/1.0 style).  It shares nothing with the NBD server but
  * the counters, and bounds each client in size and time, so a slow or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Metrics collection (relaxed atomics: counters need no ordering with
  * anything else) and their rendering in the Prometheus text format. */
 #include "metrics.h"

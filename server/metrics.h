@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Server metrics for Prometheus: counters kept with relaxed atomics on the
  * request path, rendered as the text exposition format on a scrape.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Constants of the NBD protocol (NetworkBlockDevice/nbd doc/proto.md,
  * including the extended-headers extension).  Everything on the wire is
  * big-endian. */

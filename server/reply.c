@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Laying out the reply to one request as an iovec: simple replies,
  * structured or extended chunks, reads split into data and hole chunks, and
  * block status descriptors for each selected meta context. */

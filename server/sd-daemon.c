@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Socket activation and readiness notification without libsystemd.  See
  * sd-daemon.h. */
 #include "sd-daemon.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* systemd integration without libsystemd: socket activation (LISTEN_PID,
  * LISTEN_FDS) as nbdkit and qemu-nbd take it, and readiness notification
  * (NOTIFY_SOCKET).  Both protocols are a few environment variables and a

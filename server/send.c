@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The per-connection reply queue.
  *
  * Replies are appended in completion order.  Whoever finds nobody sending

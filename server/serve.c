@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport serve: command line, exports, listening sockets, the accept
  * loop and an orderly shutdown on SIGTERM/SIGINT. */
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The NBD server: exports, connections, and the settings they share. */
 #ifndef BLOCKPORT_SERVER_H
 #define BLOCKPORT_SERVER_H

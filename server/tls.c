@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* TLS for the NBD server with GnuTLS: credentials loaded once at startup,
  * a session per connection after NBD_OPT_STARTTLS. */
 #include "tls.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* TLS for the NBD server (GnuTLS): the server's credentials, and one
  * session per connection once a client asked for NBD_OPT_STARTTLS.  The
  * handshake state machine only decides; conn.c upgrades the socket through

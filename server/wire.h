@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The NBD transmission phase as pure functions over byte buffers: parsing
  * and validating requests, and laying out reply headers.  No sockets here,
  * so the unit tests and the fuzzer can drive it directly. */

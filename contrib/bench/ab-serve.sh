@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Two blockport binaries (before and after a change) serving the same
 # file, run alternately, so that a change on the request path is told
 # from the machine's noise: ROUNDS rounds of the origin workload (4k

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport convert against qemu-img convert on the same inputs, one run:
 #   raw -> qcow2      a 1 GiB file, half random data, half holes
 #   qcow2 -> raw      the qcow2 made from it by qemu-img

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash
 # Shared by the benchmark scripts in this directory: source it after
 # `set -euo pipefail`.  Each script runs blockport and its peers side by

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport mount against nbdfuse and qemu-storage-daemon's FUSE export,
 # side by side in one run.
 #

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit plugins served by blockport against the same plugins under nbdkit,
 # side by side in one run.
 #

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Two blockport binaries (say, before and after a change to the qcow2
 # write path) on qcow2-bench.sh's workloads, interleaved so that a busy
 # machine slows both alike:

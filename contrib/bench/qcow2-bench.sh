@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qcow2 under blockport serve against qemu-nbd, and against blockport raw,
 # side by side in one run.  fio's nbd engine over a Unix socket, the
 # project's origin workload (4k random read/write 75/25, iodepth 64):

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport serve against nbdkit and qemu-nbd, side by side in one run.
 #
 # Workloads (fio's nbd engine over a Unix socket):

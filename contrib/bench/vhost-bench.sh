@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fio inside a test guest (QEMU, TCG) on a disk that reaches one image
 # through three paths, side by side in one run:
 #   vhost     blockport vhost (vhost-user-blk, 4 NBD connections) in front

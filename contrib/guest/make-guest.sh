@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build a tiny test guest from Debian packages: Debian's cloud kernel and an
 # initramfs holding busybox, the virtio modules and a payload.  Nothing
 # prebuilt is committed; the kernel package is downloaded once and cached.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 bitmap directory parsing (see qcow2.rst, "Bitmaps extension"). */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 persistent dirty bitmaps: the bitmap directory and bitmap table
  * entries (qcow2.rst, "Bitmaps extension"), parsed from buffers with every
  * field checked as QEMU checks it.  Pure, for the unit tests, `check` and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 consistency: compare the references refs.c counts with the stored
  * refcounts, check the COPIED flags against the refcounts, and repair as
  * qemu-img check -r does (block/qcow2-refcount.c, qcow2_check_refcounts()):

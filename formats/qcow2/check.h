@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 consistency checks and repairs (check.c, rebuild.c), as qemu-img
  * check does them: same verdicts, same repairs, same exit statuses. */
 #ifndef BLOCKPORT_QCOW2_CHECK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Compressed clusters: raw deflate (no zlib header) or zstd, each
  * decompressing to exactly one cluster.  The input may carry trailing
  * bytes of the next compressed cluster: decompression stops at a full

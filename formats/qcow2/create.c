@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 image creation.  The layout is computed first (no I/O), then the
  * clusters are written in file order: header, refcount table, refcount
  * blocks, L1 table, and with preallocation the L2 tables and data area. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 image creation: compute the layout of a new image from its options
  * (pure, unit-tested), then write it to a file descriptor. */
 #ifndef BLOCKPORT_QCOW2_CREATE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Persistent dirty bitmaps of a qcow2 image opened for writing, kept as
  * QEMU keeps them (block/qcow2-bitmap.c):
  *   - at open, each enabled bitmap that is consistent (not IN_USE) is

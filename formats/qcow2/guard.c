@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 metadata guard (see guard.h): the overlap map built from a walk of
  * the metadata at open, the checks before writes, and what a hit does. */
 #include "guard.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 metadata guard: no write lands on metadata it does not mean to
  * change (guard.c).  A writable image keeps an overlap map (overlap.h) of
  * its metadata; every write to the image file is checked against it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 header and header extensions: parsing and validation.  Every
  * field read from the file is checked before anything is sized or read
  * from it. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The L2 cache: slices of L2 tables (4 KiB, or a whole table when clusters
  * are smaller) kept in memory, split into shards by key so that lookups
  * from many threads rarely meet on one lock.  Each shard is a hash table

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 L2 entries: what a guest range inside one cluster maps to. */
 #include <errno.h>
 

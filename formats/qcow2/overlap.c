@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 overlap map (see overlap.h). */
 #include "overlap.h"
 

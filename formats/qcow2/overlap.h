@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 overlap map: which host clusters of the image file hold metadata,
  * and of which kinds, so that no write lands on metadata it does not mean
  * to change (QEMU's "overlap checks").

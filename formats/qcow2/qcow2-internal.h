@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 internals shared by the files of formats/qcow2/. */
 #ifndef BLOCKPORT_QCOW2_INTERNAL_H
 #define BLOCKPORT_QCOW2_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 as a block device: open (header, L1, backing chain, external data
  * file), reads and block status; writes are in write.c and refcount.c.
  * Reads of allocated clusters take no image-wide lock: an L2 lookup pins

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2: on-disk structures and the pure parts of the format (header
  * parsing and validation, L2 entry decoding), kept free of I/O so the unit
  * tests and the fuzzer can drive them.  See qemu/qemu

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Rebuilding the refcount structure of a qcow2 image from the references
  * check.c counted: new refcount blocks and a new table after the end of
  * the file, sized so that they also describe themselves, made durable

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 refcounts and host cluster allocation.  Everything here runs with
  * the image's metadata lock held.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 references: walk the metadata (header, L1 and L2 tables of the
  * active image and of each snapshot, snapshot table, refcount table and
  * blocks, bitmap directory, tables and data) and count the references to

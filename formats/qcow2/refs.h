@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Counting the references to every host cluster of a qcow2 image (refs.c),
  * for check.c.  Internal to formats/qcow2/. */
 #ifndef BLOCKPORT_QCOW2_REFS_H

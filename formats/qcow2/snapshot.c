@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 snapshot table parsing (see qcow2.rst, "Snapshots"). */
 #include <errno.h>
 #include <stdarg.h>

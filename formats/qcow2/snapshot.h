@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 internal snapshots: parsing the snapshot table from a buffer, with
  * every length checked before it is used.  Pure, for the unit tests and
  * `blockport info`. */

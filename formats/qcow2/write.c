@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 writes: in-place writes to clusters this image owns alone, and
  * allocating writes everywhere else (unallocated, zero, compressed, or
  * shared with a snapshot).

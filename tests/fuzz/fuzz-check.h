@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* CHECK(c): how a fuzz target reports a broken invariant.  libFuzzer
  * treats the abort() as a crash and saves the input that caused it.  Only
  * the fuzz targets abort: the code under test never does on input. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the --config file parser (server/config.c).
  *
  * The input is a config file.  Whatever it is, the parser must not crash or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the NBD option haggling (server/handshake.c).
  *
  * The input is what a client sends after the server's greeting: 4 bytes of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: MBR and GPT partition tables (frontend/partition.c).
  *
  * The input is a whole disk.  The parser reads it through a callback that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the format probe's magic table (formats/probe.c).
  *
  * The input is the start of a file.  Whatever it holds, the probe names

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: qcow2 images (formats/qcow2/).
  *
  * The input is a whole image file.  First the pure functions: the header

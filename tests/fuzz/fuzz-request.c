@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: the NBD transmission phase as pure functions
  * (server/wire.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* libFuzzer target: descriptor-chain parsing and virtio-blk requests
  * (frontend/virtq.c, frontend/virtio-blk.c).
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpora of the fuzz targets (stdlib only).
 
     tests/fuzz/make-corpus.py        # (re)writes tests/fuzz/corpus/*/

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Write the seed corpus of fuzz-partition: small disks (64 KiB) partitioned
 # by sfdisk: MBR primaries, MBR with logical partitions, GPT, and a GPT
 # whose primary header is damaged (so the backup is read).

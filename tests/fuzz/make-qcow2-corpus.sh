@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Write the seed corpus of fuzz-qcow2: small qcow2 images made by qemu-img
 # and qemu-io (version 2 and 3, 512-byte to 64 KiB clusters, extended L2,
 # zlib and zstd compression, a backing file with its format, external data

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Write the seed corpus of fuzz-virtq (stdlib only).
 
     tests/fuzz/make-virtq-corpus.py     # (re)writes tests/fuzz/corpus/virtq/

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A main() for a libFuzzer target, for builds without libFuzzer: calls
  * LLVMFuzzerInitialize (when the target has one) and then
  * LLVMFuzzerTestOneInput once per input, as `fuzzer -runs=1 INPUT...`

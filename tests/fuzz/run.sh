@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Build the libFuzzer targets and run each for SECONDS (default 60).
 #
 #   tests/fuzz/run.sh [SECONDS]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* guest-blk: a deterministic write/zero/discard/flush/verify workload for a
  * block device, run inside the test guest, and on the host against a
  * regular file to produce the content the device must end up with.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What the Python integration tests share: their failure types, the two
 checks every case uses, wait_until, and the runner that prints "ok NAME",
 "FAIL NAME: why" or "skip NAME: why" per case and a closing

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """A client that knows which of its writes must survive a crash.
 
   flush-tracker.py run URI LOG BASE SEED    write, flush, log; until killed

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """The test suite's first and last step (ctest fixture "suite").
 
   leftovers.py start STAMP        record when this run of the suite began

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 # Shared helpers for blockport integration tests.  Source it from a test:
 #
 #   #!/bin/bash

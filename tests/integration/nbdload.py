@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """nbdload: a pipelining load generator for NBD servers.
 
 It sends a whole batch of requests without waiting for any reply and then

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """nbdwire: a small raw-socket NBD client for protocol-conformance tests.
 
 Python 3 standard library only.  It speaks the fixed-newstyle handshake,

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """qcow2 metadata for tests, independent of blockport's own code.
 
   qcow2meta.py layout IMG          shell assignments: CS (cluster size),

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """Back-pressure delays requests and never loses them.
 
 A client may pipeline far more requests than --max-requests or

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport check against qemu-img check on a suite of damaged images.
 #
 # Every image is made with qemu-img/qemu-io (data, snapshots, persistent

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport check against qemu-img check, on clean, leaky, corrupted and
 # dirty images; --repair and the repair of dirty images at a writable open.
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # serve --config: many exports from one file with their own read-only,
 # description, default, allow and require-tls settings; files that cannot
 # be used are refused with the line and the reason; SIGHUP reloads it (new

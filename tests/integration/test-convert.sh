@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport convert: raw and qcow2 out of raw, qcow2 chains, compressed and
 # memory sources; the result equals the source (qemu-img compare), passes
 # qemu-img check, and stays sparse where the source reads as zeroes.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Crash safety under load: one qcow2 overlay over a qcow2 backing file,
 # served again and again and killed with SIGKILL at a random moment twenty
 # times.  Each life has five clients: fio doing random reads, writes (with

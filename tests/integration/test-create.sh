@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport create: for a matrix of options, the image passes `qemu-img
 # check`, `qemu-img info` agrees with the options, qemu-io writes and reads
 # it back; blockport serve serves a created image (writes over NBD, then

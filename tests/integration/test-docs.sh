@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The man pages and the bash completion agree with the program: a page
 # for every command `blockport --help` lists (gen-man.sh finds them in the
 # summary lines; help2man fills each page from the command's own --help,

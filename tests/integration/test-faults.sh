@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Injected I/O faults (BLOCKPORT_FAULTS, core/fault.h) and a real full
 # disk: the client gets the error with its errno, the server keeps serving,
 # and a qcow2 image that runs out of space in the middle of allocating

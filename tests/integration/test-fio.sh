@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # fio's nbd engine against blockport: 4 jobs (= 4 connections), iodepth 32,
 # randrw with crc32c verification; also a verify-only pass that must catch a
 # deliberately corrupted block (so we know verification really runs).

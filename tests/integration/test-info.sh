@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport info: on images made by qemu-img (v2, v3, extended L2, zstd,
 # lazy refcounts, refcount widths, a backing chain, snapshots, bitmaps, an
 # external data file, a dirty image left by a killed qemu-io), the JSON

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Limits and access control of `blockport serve`: a client that stalls or
 # trickles bytes in the handshake is cut at --handshake-timeout; an idle
 # client at --idle-timeout (one with requests in flight is not idle);

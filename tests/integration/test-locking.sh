@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Image locks that QEMU honours: blockport and QEMU's tools (qemu-img,
 # qemu-io, qemu-nbd) refuse each other's images in use for writing, with
 # their usual messages, unless a reader passes -U; readers share; backing

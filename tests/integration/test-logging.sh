@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Log levels: --log-level filters what the long-running commands print
 # (one line per event, "blockport: LEVEL: ..."); a bad level is a usage
 # error.

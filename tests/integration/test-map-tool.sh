@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport map --json prints exactly what qemu-img map --output=json prints,
 # on images made by QEMU: allocated, sparse, zero and compressed clusters,
 # preallocation, a depth-3 chain with a short backing file, raw files.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Block status: nbdinfo --map (base:allocation) over a sparse raw file must
 # agree with qemu-img map on the file itself; ZERO-flagged extents must read
 # as zeroes; qemu:allocation-depth covers the export; a memory: export is

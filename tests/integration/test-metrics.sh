@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # serve --metrics: the Prometheus endpoint counts exactly what fio did
 # (requests by command, bytes, latency histogram counts), during and after
 # a run; other paths get 404; malformed, oversized and stalled HTTP requests

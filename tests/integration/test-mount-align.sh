@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport mount of an NBD export that refuses anything but whole 4 KiB
 # blocks of at most 64 KiB (nbdkit's blocksize-policy filter with the error
 # policy): writes, zeroes and punched holes of any size and alignment still

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport mount of an NBD export whose server goes away: operations fail
 # with EIO within --timeout instead of hanging their callers, the mount
 # stays, and it works again once the server is back.  Both a killed server

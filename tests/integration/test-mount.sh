@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport mount: a qcow2 image and an export of blockport's own server as
 # files through FUSE.  Contents equal qemu-img's view; writes of any size
 # and alignment land in the image; fio verifies its own writes; partition

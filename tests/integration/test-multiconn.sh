@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Multi-conn consistency: can_multi_conn is advertised, and a write on one
 # connection + flush on a second is visible to a read on a third; also with
 # many concurrent writers spread across connections.

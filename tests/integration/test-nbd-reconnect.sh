@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # An NBD URI as a source when its server misbehaves: multi-conn, requests
 # failing within --nbd-timeout while the server is gone, reconnection when
 # it returns, the flush after a loss, requests in flight at the loss, a

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # An NBD URI as a source: blockport serving another blockport's export
 # (and qemu-nbd's), convert and map reading from a URI; unreachable and
 # silent servers are errors, not hangs.

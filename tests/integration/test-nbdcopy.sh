@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdcopy against blockport: file -> export, export -> file, export ->
 # export, single and multi-connection (--connections=4 --requests=64).
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdinfo against blockport: export properties (--json), export listing of a
 # multi-export server (--list --json), --readonly, a missing export name.
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # libnbd (nbdsh / python nbd module) against blockport: structured replies,
 # hole chunks in structured reads, base:allocation / qemu:allocation-depth
 # block status, FUA, zero/trim/flush/cache, max-size requests, and error

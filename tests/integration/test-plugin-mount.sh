@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport mount --plugin: an nbdkit plugin (Debian's pattern and memory
 # plugins) as a file through FUSE.  The pattern plugin's content equals
 # what nbdkit serves; writes to the memory plugin read back; unmounting

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit-blockport-plugin.so under nbdkit: qcow2 images written through
 # nbdkit, checked as test-qcow2-write.sh checks blockport serve: after the
 # workload `qemu-img check` finds no corruption and no leak, and `qemu-img

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # blockport serve --plugin: Debian's nbdkit plugins, unmodified, served by
 # blockport.  Each plugin's content (nbdcopy checksum) and extents
 # (nbdinfo --map) equal what the same plugin gives under nbdkit: memory

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # nbdkit thread models under blockport serve, proved with the overlap test
 # plugin (tests/plugins/), which records how many of its calls overlap in
 # all and on one handle, and how many handles are open at once.  Two

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Safe probing.  A raw image whose format was guessed refuses, with EPERM,
 # a client's write to its first sector that would make the next probe find
 # another format (a qcow2 header naming a host file as its backing file),

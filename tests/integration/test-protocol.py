@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """NBD protocol-conformance tests for blockport.
 
 Run:  BLOCKPORT=/path/to/blockport /usr/bin/python3 test-protocol.py [CASE...]

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Persistent dirty bitmaps in images blockport writes: the same writes go
 # to two identical copies, one through qemu-io (QEMU's own bitmap code),
 # one through blockport serve (qemu-io over NBD); afterwards both must

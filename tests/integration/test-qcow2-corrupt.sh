@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Broken and hostile qcow2 images.  Images are made with qemu-img/qemu-io and
 # then patched (big-endian header fields, see qemu docs/interop/qcow2.rst:
 # magic 0, version 4, backing_file_offset 8, backing_file_size 16,

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Writes on metadata: qcow2 images whose L1 offset, L1 entries or L2
 # entries point into their own metadata, served read-write and written
 # over NBD, compared with qemu-io on an identical copy.  Images are made

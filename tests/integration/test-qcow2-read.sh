@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Read-only qcow2: blockport must expose exactly what QEMU reads from a qcow2
 # image, and describe it the way QEMU does.  QEMU's own tools are the oracle:
 #

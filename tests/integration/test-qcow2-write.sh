@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qcow2 writes through `blockport serve`, checked against QEMU's oracles:
 # after each workload `qemu-img check` finds no corruption and no leak, and
 # `qemu-img compare` finds the image equal to a raw shadow that received

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qemu-img against blockport: info, convert in both directions, compare,
 # over nbd+unix:// and nbd:// (TCP).
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # qemu-io against blockport: random pattern writes (sync, FUA, aio), then
 # pattern-verified reads from a fresh connection; write -z (with and without
 # unmap) and discard; a write larger than the 32 MiB max payload.  Run on a

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Misbehaving clients must not take the server down: clients that close
 # mid-handshake, send garbage during option haggling or after a valid
 # handshake, vanish with requests in flight, or stall.  After each case the

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Signal handling: SIGTERM/SIGINT make the server exit 0 (idle, with an idle
 # client connected, and under load), the unix socket is removed, the pid
 # file holds the server pid, acknowledged writes survive the shutdown.

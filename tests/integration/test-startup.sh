@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Start-up and command-line error handling: bad invocations exit non-zero
 # promptly, write no pid file and leave no socket behind; an existing
 # regular file at the --unix path is never destroyed; a stale socket left by

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # systemd integration of `blockport serve`: socket activation (LISTEN_PID,
 # LISTEN_FDS) through systemd-socket-activate on TCP and Unix sockets, data
 # through the passed sockets, a socket file we did not create left alone,

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # TLS (NBD_OPT_STARTTLS) with pre-shared keys and X.509 certificates:
 # QEMU and libnbd clients, --tls on|require, wrong keys and untrusted
 # certificates refused while the server stays up, nothing of an export in

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
 # End to end under QEMU (TCG): a Debian guest (contrib/guest/make-guest.sh)
 # boots with -device vhost-user-blk-pci attached to `blockport vhost`, which
 # forwards over NBD to `blockport serve` on a qcow2 image.  The guest runs

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-3-Clause
 """blockport vhost without a VM: a vhost-user front end and guest driver in
 Python (vhostuser.py) against the real binary.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """A small vhost-user front end with a simulated virtio-blk guest (standard
 library only), for testing `blockport vhost` without a VM.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A test plugin for blockport's nbdkit plugin host: a RAM disk that
  * records how many of its calls overlap (in all, and on one handle) and
  * how many handles are open at once, so a test can tell whether the host

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* A simulated guest for the virtqueue and virtio-blk tests: memory in a
  * memfd mapped as three regions, as a vhost-user front end shares it (each
  * region at a non-zero offset in the file, the first two adjacent in guest

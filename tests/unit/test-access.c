@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* --allow CIDR parsing and matching. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>

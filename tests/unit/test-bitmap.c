@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the qcow2 bitmap directory parser (formats/qcow2/bitmap.c):
  * well-formed directories, the constraints QEMU puts on each entry, and
  * every length checked against the buffer. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for core/blockdev.c and the memory and null sources. */
 #include <criterion/criterion.h>
 #include <errno.h>

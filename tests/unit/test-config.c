@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The --config file parser (server/config.c, docs/CONFIG.md). */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for per-connection state in the core (bd_conn_open, the four
  * concurrency levels) and the extent rules of the nbdkit plugin host. */
 #include <criterion/criterion.h>

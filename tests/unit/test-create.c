@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for qcow2 image creation (formats/qcow2/create.c): the layout
  * computation (aligned, non-overlapping regions, refcounts covering every
  * cluster in use), the header it writes (parsed back with

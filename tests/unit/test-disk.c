@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for frontend/disk.c: requests of any offset and length over a
  * device that refuses anything but whole blocks of its minimum size and at
  * most its maximum size.  Its operations run on the worker pool, so the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for server/handshake.c: the fixed-newstyle option state
  * machine, checked byte for byte through the replies it produces. */
 #include <criterion/criterion.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The Prometheus text rendering of server/metrics.c, and the parsing of
  * --metrics ADDR:PORT. */
 #include <criterion/criterion.h>

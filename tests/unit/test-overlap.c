@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the qcow2 overlap map (formats/qcow2/overlap.c): marks,
  * kinds ignored by metadata writes, QEMU's names, growth of the chunk
  * directory under concurrent lock-free readers, and metadata beyond the

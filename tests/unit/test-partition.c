@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the MBR/GPT parser (frontend/partition.c): tables as
  * sfdisk and Linux lay them out, damaged tables, loops, lies about sizes,
  * and garbage, which must never yield a partition outside the disk. */

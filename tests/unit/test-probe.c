@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* The format probe's magic table (formats/probe.c): every format qemu-img
  * knows, truncated headers, near misses, and the raw fallback. */
 #include <criterion/criterion.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the pure parts of the qcow2 reader: header parsing and
  * validation (formats/qcow2/header.c), L2 entry decoding (map.c),
  * decompression of clusters (compress.c) and the L2 slice cache

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* systemd socket activation: LISTEN_PID/LISTEN_FDS parsing and the checks
  * on the sockets passed. */
 #include <criterion/criterion.h>

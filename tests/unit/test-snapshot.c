@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the qcow2 snapshot table parser (formats/qcow2/snapshot.c):
  * well-formed tables, and every length checked against the buffer. */
 #include <criterion/criterion.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for the virtio-blk device model (frontend/virtio-blk.c and
  * frontend/vblk-queue.c): config space and feature bits from the source's
  * capabilities, and requests pushed through a simulated guest's ring into

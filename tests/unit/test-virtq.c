@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for split virtqueues (frontend/virtq.c) over simulated guest
  * memory: normal, indirect, cross-region, looped, out-of-bounds,
  * zero-length and over-long chains; broken rings; event-idx notification

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
 /* Unit tests for server/wire.c: request parsing and validation, reply
  * header layouts and zero-run splitting. */
 #include <criterion/criterion.h>
