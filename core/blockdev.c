@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../formats/formats.h"
-#include "../formats/probe.h"
+#include "formats/formats.h"
+#include "formats/probe.h"
 #include "pool.h"
 
 /* ---- errors ---- */

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 
 /* A device without layers (raw, an NBD export, memory, null): its block
  * status, every byte its own. */

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "formats.h"
 
 #define CHUNK_SHIFT 16

@@ -41,8 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
+#include "core/blockdev.h"
+#include "core/log.h"
 #include "formats.h"
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "formats.h"
 
 static int null_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {

@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "plugin.h"
 
 #define MAX_EXPORT_NAME 4096

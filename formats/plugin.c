@@ -28,8 +28,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
+#include "core/blockdev.h"
+#include "core/log.h"
 #include "formats.h"
 #include "plugin.h"
 

@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/io.h"
+#include "core/blockdev.h"
+#include "core/io.h"
 #include "probe.h"
 
 void probe_set_unsupported_error(const char *path, const char *fmt) {

@@ -21,11 +21,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/fault.h"
-#include "../core/filelock.h"
-#include "../core/io.h"
-#include "../core/log.h"
+#include "core/blockdev.h"
+#include "core/fault.h"
+#include "core/filelock.h"
+#include "core/io.h"
+#include "core/log.h"
 #include "formats.h"
 #include "probe.h"
 

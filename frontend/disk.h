@@ -24,7 +24,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 
 #define DISK_MAX_ALIGN (64u * 1024) /* largest minimum block we accept */
 

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 #define KICK_SIGNAL SIGUSR1 /* interrupts a thread's read of /dev/fuse */
 #define KICK_EVERY_MS 10

@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
+#include "core/blockdev.h"
+#include "core/log.h"
 #include "disk.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "virtio-blk.h"
 
 #define LOGGED_ERRORS 10 /* per queue, then only at debug level */

@@ -25,7 +25,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "virtio-blk.h"
 
 /* Front-end requests (vhost-user.rst, "Front-end message types"). */

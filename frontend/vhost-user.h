@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 
 #define VHU_MAX_QUEUES 64
 

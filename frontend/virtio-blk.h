@@ -21,7 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "virtq.h"
 
 #define VBLK_CONFIG_SIZE 64 /* the fields up to write_zeroes_may_unmap */

@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/cleanup.h"
-#include "../core/log.h"
+#include "core/cleanup.h"
+#include "core/log.h"
 #include "conn.h"
 #include "metrics.h"
 #include "nbd-protocol.h"

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "exports.h"
 #include "server.h"
 #include "wire.h"

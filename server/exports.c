@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "config.h"
 #include "metrics.h"
 #include "nbd-protocol.h"

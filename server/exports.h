@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "access.h"
 #include "handshake.h"
 

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "metrics.h"
 
 #define REQ_MAX 4096   /* request line and headers */

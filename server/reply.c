@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "conn.h"
 #include "handshake.h"
 #include "nbd-protocol.h"

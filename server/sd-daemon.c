@@ -15,7 +15,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 /* A decimal number without sign, spaces or trailing junk. */
 static bool parse_decimal(const char *s, long max, long *out) {

@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 #include "conn.h"
 #include "tls.h"
 

@@ -21,13 +21,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
-#include "../core/pool.h"
-#include "../formats/formats.h"
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/pool.h"
+#include "formats/formats.h"
 #include "access.h"
-#include "cli.h"
-#include "commands.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
 #include "config.h"
 #include "exports.h"
 #include "metrics.h"

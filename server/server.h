@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "../core/blockdev.h"
+#include "core/blockdev.h"
 #include "handshake.h"
 
 struct bd;

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 /* PSK ciphersuites are not in GnuTLS's NORMAL set. */
 #define PRIORITY_PSK "NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK"

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/io.h"
-#include "../../server/wire.h"
+#include "core/blockdev.h"
+#include "core/io.h"
+#include "server/wire.h"
 #include "check.h"
 #include "guard.h"
 #include "qcow2-internal.h"

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../core/io.h"
-#include "../../server/wire.h" /* put_be16/32/64 */
+#include "core/io.h"
+#include "server/wire.h" /* put_be16/32/64 */
 #include "create.h"
 #include "qcow2.h"
 

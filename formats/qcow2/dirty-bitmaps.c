@@ -19,10 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/io.h"
-#include "../../core/log.h"
-#include "../../server/wire.h"
+#include "core/blockdev.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "server/wire.h"
 #include "bitmap.h"
 #include "qcow2-internal.h"
 

@@ -14,13 +14,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/filelock.h"
-#include "../../core/io.h"
-#include "../../core/log.h"
-#include "../../server/wire.h"
-#include "../formats.h"
-#include "../map.h"
+#include "core/blockdev.h"
+#include "core/filelock.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "server/wire.h"
+#include "formats/formats.h"
+#include "formats/map.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/io.h"
-#include "../../server/wire.h"
+#include "core/io.h"
+#include "server/wire.h"
 #include "check.h"
 #include "qcow2-internal.h"
 

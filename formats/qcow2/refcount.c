@@ -15,10 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/io.h"
-#include "../../core/log.h"
-#include "../../server/wire.h"
+#include "core/blockdev.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "server/wire.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/io.h"
-#include "../../server/wire.h"
+#include "core/blockdev.h"
+#include "core/io.h"
+#include "server/wire.h"
 #include "bitmap.h"
 #include "qcow2-internal.h"
 #include "refs.h"

@@ -18,10 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/io.h"
-#include "../../core/log.h"
-#include "../../server/wire.h"
+#include "core/blockdev.h"
+#include "core/io.h"
+#include "core/log.h"
+#include "server/wire.h"
 #include "check.h"
 #include "guard.h"
 #include "qcow2-internal.h"

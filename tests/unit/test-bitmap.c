@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../formats/qcow2/bitmap.h"
+#include "formats/qcow2/bitmap.h"
 
 #define CB 16
 #define CS (1ull << CB)

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../formats/qcow2/create.h"
-#include "../../formats/qcow2/qcow2.h"
+#include "formats/qcow2/create.h"
+#include "formats/qcow2/qcow2.h"
 
 static struct qcow2_create_opts defaults(uint64_t size) {
   return (struct qcow2_create_opts){

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../core/blockdev.h"
-#include "../../core/pool.h"
-#include "../../frontend/disk.h"
+#include "core/blockdev.h"
+#include "core/pool.h"
+#include "frontend/disk.h"
 
 struct strict {
   uint8_t *data;

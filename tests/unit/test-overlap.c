@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "../../formats/qcow2/overlap.h"
+#include "formats/qcow2/overlap.h"
 
 #define CB 16 /* 64 KiB clusters */
 #define CS (1ull << CB)

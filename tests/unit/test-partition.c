@@ -8,7 +8,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "../../frontend/partition.h"
+#include "frontend/partition.h"
 
 #define MIB (1024u * 1024u)
 

@@ -14,8 +14,8 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#include "../../formats/qcow2/qcow2-internal.h"
-#include "../../formats/qcow2/qcow2.h"
+#include "formats/qcow2/qcow2-internal.h"
+#include "formats/qcow2/qcow2.h"
 
 /* ---- header building ---- */
 

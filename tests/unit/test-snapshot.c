@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../formats/qcow2/snapshot.h"
+#include "formats/qcow2/snapshot.h"
 
 #define CS 65536ull
 #define FILE_SIZE (1ull << 30)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/log.h"
+#include "core/log.h"
 
 int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
   char *end;

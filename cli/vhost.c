@@ -11,11 +11,11 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
-#include "../core/pool.h"
-#include "../formats/formats.h"
-#include "../frontend/vhost-user.h"
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/pool.h"
+#include "formats/formats.h"
+#include "frontend/vhost-user.h"
 #include "cli.h"
 #include "commands.h"
 

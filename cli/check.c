@@ -6,10 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../formats/formats.h"
-#include "../formats/probe.h"
-#include "../formats/qcow2/check.h"
+#include "core/blockdev.h"
+#include "formats/formats.h"
+#include "formats/probe.h"
+#include "formats/qcow2/check.h"
 #include "commands.h"
 
 static const char check_usage[] =

@@ -15,15 +15,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/filelock.h"
-#include "../core/io.h"
-#include "../formats/formats.h"
-#include "../formats/probe.h"
-#include "../formats/qcow2/qcow2.h"
-#include "../formats/qcow2/snapshot.h"
+#include "core/blockdev.h"
+#include "core/filelock.h"
+#include "core/io.h"
+#include "formats/formats.h"
+#include "formats/probe.h"
+#include "formats/qcow2/qcow2.h"
+#include "formats/qcow2/snapshot.h"
 #include "commands.h"
-#include "wire.h" /* get_be16/32/64 */
+#include "server/wire.h" /* get_be16/32/64 */
 
 #define MAX_CHAIN 256
 #define MAX_BITMAPS 65535

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/filelock.h"
-#include "../formats/qcow2/create.h"
+#include "core/blockdev.h"
+#include "core/filelock.h"
+#include "formats/qcow2/create.h"
 #include "commands.h"
 
 static const char create_usage[] =

@@ -15,11 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/log.h"
-#include "../core/pool.h"
-#include "../formats/formats.h"
-#include "../frontend/fuse-mount.h"
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/pool.h"
+#include "formats/formats.h"
+#include "frontend/fuse-mount.h"
 #include "cli.h"
 #include "commands.h"
 

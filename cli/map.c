@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/blockdev.h"
-#include "../formats/map.h"
+#include "core/blockdev.h"
+#include "formats/map.h"
 #include "commands.h"
 
 static const char map_usage[] =

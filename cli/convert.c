@@ -13,11 +13,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/blockdev.h"
-#include "../core/filelock.h"
-#include "../core/pool.h"
-#include "../formats/formats.h"
-#include "../formats/qcow2/create.h"
+#include "core/blockdev.h"
+#include "core/filelock.h"
+#include "core/pool.h"
+#include "formats/formats.h"
+#include "formats/qcow2/create.h"
 #include "commands.h"
 
 #define CHUNK (2u * 1024 * 1024) /* bytes per request */
