@@ -210,6 +210,22 @@ struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags) {
   return bd;
 }
 
+/* Transitional: the options still reach the formats through their
+ * globals; the format registry passes them down instead. */
+struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
+  static const struct bd_open_opts defaults = BD_OPEN_OPTS_INIT;
+  if (!o)
+    o = &defaults;
+  if (o->qcow2_l2_cache)
+    qcow2_l2_cache_bytes = o->qcow2_l2_cache;
+  nbd_source_connections = o->nbd_connections;
+  nbd_source_timeout = o->nbd_timeout;
+  for (size_t i = 0; i < o->n_plugin_debug; i++)
+    if (plugin_add_debug_flag(o->plugin_debug[i]) < 0)
+      return NULL;
+  return bd_open_flags(spec, o->format, o->flags);
+}
+
 static _Thread_local struct bd_conn *cur_conn;
 
 void *bd_conn_current(void) {

@@ -240,6 +240,31 @@ enum {
 struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
 /* bd_open_flags() with BD_OPEN_READONLY when READONLY. */
 struct bd *bd_open(const char *spec, const char *format, bool readonly);
+/* Everything a command line or a config file can say about how to open a
+ * source.  Start from BD_OPEN_OPTS_INIT; unset fields keep the defaults. */
+struct bd_open_opts {
+  const char *format; /* NULL: probe a file's content */
+  unsigned flags;     /* BD_OPEN_* */
+  /* L2 cache of a qcow2 image, bytes; 0: the default (32 MiB). */
+  uint64_t qcow2_l2_cache;
+  /* Connections of an NBD source: 0 means 4 when the server advertises
+   * multi-conn, otherwise 1 (at most 16). */
+  unsigned nbd_connections;
+  /* Seconds a request to an NBD source may wait for a lost server before
+   * failing with EIO; 0 waits forever. */
+  unsigned nbd_timeout;
+  /* -D NAME.FLAG=N settings for an nbdkit plugin; the strings must outlive
+   * the source. */
+  const char *const *plugin_debug;
+  size_t n_plugin_debug;
+};
+#define BD_NBD_TIMEOUT_DEFAULT 30
+#define BD_OPEN_OPTS_INIT                                                      \
+  { .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT }
+/* Opens SPEC as O says (O NULL: the defaults).  NULL with a message in
+ * bd_errmsg(). */
+struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);
+
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);
 /* A process replacing an idle BD by another opening of the same image
