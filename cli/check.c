@@ -6,11 +6,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "core/blockdev.h"
 #include "formats/formats.h"
 #include "formats/probe.h"
 #include "formats/qcow2/check.h"
-#include "commands.h"
 
 static const char check_usage[] =
     "Usage: blockport check [-U] [--repair leaks|all] IMAGE\n"
@@ -89,7 +89,7 @@ int check_main(int argc, char **argv) {
     return 1;
   }
   const char *path = argv[optind];
-  if (nbd_is_uri(path)) {
+  if (nbdsrc_is_uri(path)) {
     fprintf(stderr,
             "blockport check: %s: an NBD export shows only its guest data, "
             "no image metadata to check (check the image on the server)\n",

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
@@ -22,7 +23,6 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
-#include "commands.h"
 #include "server/wire.h" /* get_be16/32/64 */
 
 #define MAX_CHAIN 256
@@ -258,7 +258,7 @@ static int read_image(const char *path, const char *format, struct image *im) {
   errbuf[0] = 0;
   if (!(im->filename = strdup(path)))
     return fail("out of memory");
-  if (nbd_is_uri(path))
+  if (nbdsrc_is_uri(path))
     return format && strcmp(format, "raw")
                ? fail("an NBD export is read as raw, not %s", format)
                : read_remote(path, im);

@@ -15,13 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.h"
+#include "commands.h"
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "frontend/fuse-mount.h"
-#include "cli.h"
-#include "commands.h"
 
 static const char mount_usage[] =
     "Usage: blockport mount [OPTIONS] SOURCE MOUNTPOINT\n"
@@ -141,7 +141,7 @@ static char *image_name(const char *path) {
 
 static char *default_name(const char *source) {
   char *name;
-  if (nbd_is_uri(source))
+  if (nbdsrc_is_uri(source))
     name = export_name(source);
   else if (!strncmp(source, "null:", 5) || !strncmp(source, "memory:", 7))
     name = strdup("");

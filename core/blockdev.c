@@ -199,8 +199,8 @@ struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags) {
     bd = null_open(spec + 5);
   else if (strncmp(spec, "memory:", 7) == 0)
     bd = memory_open(spec + 7);
-  else if (nbd_is_uri(spec))
-    bd = nbd_source_open(spec, readonly);
+  else if (nbdsrc_is_uri(spec))
+    bd = nbdsrc_open(spec, readonly);
   else if (plugin_is_spec(spec))
     bd = plugin_source_open(spec, readonly);
   else

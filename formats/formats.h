@@ -14,8 +14,8 @@ struct bd *raw_open(const char *path, unsigned flags);
 struct bd *null_open(const char *size);
 struct bd *memory_open(const char *size);
 /* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd. */
-bool nbd_is_uri(const char *spec);
-struct bd *nbd_source_open(const char *uri, bool readonly);
+bool nbdsrc_is_uri(const char *spec);
+struct bd *nbdsrc_open(const char *uri, bool readonly);
 /* Options of each NBD source opened from now on.  Connections: 0 means 4
  * when the server advertises multi-conn, otherwise 1; more than 1 on a
  * server without multi-conn is refused with a warning, using 1 (at most

@@ -576,7 +576,7 @@ static void submit_req(struct nbddev *d, struct bd_req *req, bool nowait) {
   drain();
 }
 
-static void nbd_submit(struct bd *bd, struct bd_req *req) {
+static void nbdsrc_submit(struct bd *bd, struct bd_req *req) {
   submit_req(bd->priv, req, false);
 }
 
@@ -948,7 +948,7 @@ static void sync_flush_done(struct bd_req *req, int err) {
   pthread_mutex_unlock(&s->lock);
 }
 
-static int nbd_flush_sync(struct bd *bd) {
+static int nbdsrc_flush_sync(struct bd *bd) {
   struct nbddev *d = bd->priv;
   pthread_mutex_lock(&d->lock);
   bool clean = atomic_load(&d->write_gen) == d->flushed_gen;
@@ -984,7 +984,7 @@ static void free_dev(struct nbddev *d) {
   free(d);
 }
 
-static void nbd_close_dev(struct bd *bd) {
+static void nbdsrc_close_dev(struct bd *bd) {
   struct nbddev *d = bd->priv;
   pthread_mutex_lock(&d->lock);
   d->closing = true;
@@ -996,12 +996,12 @@ static void nbd_close_dev(struct bd *bd) {
 
 static const struct bd_ops nbd_ops = {
     .name = "nbd",
-    .flush = nbd_flush_sync,
-    .submit = nbd_submit,
-    .close = nbd_close_dev,
+    .flush = nbdsrc_flush_sync,
+    .submit = nbdsrc_submit,
+    .close = nbdsrc_close_dev,
 };
 
-bool nbd_is_uri(const char *spec) {
+bool nbdsrc_is_uri(const char *spec) {
   return !strncmp(spec, "nbd://", 6) || !strncmp(spec, "nbd+unix://", 11) ||
          !strncmp(spec, "nbds://", 7) || !strncmp(spec, "nbds+unix://", 12);
 }
@@ -1147,7 +1147,7 @@ static void connect_rest(struct nbddev *d) {
   }
 }
 
-struct bd *nbd_source_open(const char *uri, bool readonly) {
+struct bd *nbdsrc_open(const char *uri, bool readonly) {
   struct nbddev *d = new_dev(uri);
   struct bd *bd = NULL;
   if (!d) {
