@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "commands.h"
+#include "core/blockdev.h"
+#include "formats/registry.h"
 
 #define BLOCKPORT_VERSION "0.1.0"
 
@@ -34,6 +36,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  bd_formats_install(formats_registry);
   if (argc < 2) {
     usage(stderr);
     return 1;

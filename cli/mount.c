@@ -73,6 +73,7 @@ struct mount_opts {
   char *plugin_source; /* the source built from --plugin, owned */
   bool readonly, foreground, allow_other, no_partitions, direct_io;
   unsigned threads, workers;
+  struct bd_open_opts open; /* -D, --connections, --timeout, L2 cache */
 };
 
 /* Shared with the signal thread and the live callback. */
@@ -338,7 +339,10 @@ static int mount_run(const struct mount_opts *o) {
     log_error("cannot start the worker pool");
     goto out;
   }
-  bd = bd_open(o->source, o->format, o->readonly);
+  struct bd_open_opts oo = o->open;
+  oo.format = o->format;
+  oo.flags = o->readonly ? BD_OPEN_READONLY : 0;
+  bd = bd_open_with(o->source, &oo);
   if (!bd) {
     log_error("%s", bd_errmsg());
     goto out;
@@ -417,7 +421,7 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
     switch (ch) {
     case OPT_PLUGIN: o->plugin = optarg; break;
     case 'D':
-      if (plugin_add_debug_flag(optarg) < 0) {
+      if (plugin_debug_add(&o->open, optarg) < 0) {
         fprintf(stderr, "blockport mount: %s\n", bd_errmsg());
         return -1;
       }
@@ -440,16 +444,16 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
         goto bad;
       break;
     case 'C':
-      if (cli_parse_uint(optarg, 1, 64, &nbd_source_connections) < 0)
+      if (cli_parse_uint(optarg, 1, 64, &o->open.nbd_connections) < 0)
         goto bad;
       break;
     case OPT_TIMEOUT:
-      if (cli_parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &o->open.nbd_timeout) < 0)
         goto bad;
       break;
     case OPT_L2_CACHE:
-      if (bd_parse_size(optarg, &qcow2_l2_cache_bytes) < 0 ||
-          qcow2_l2_cache_bytes < 65536)
+      if (bd_parse_size(optarg, &o->open.qcow2_l2_cache) < 0 ||
+          o->open.qcow2_l2_cache < 65536)
         goto bad;
       break;
     case OPT_ALLOW_OTHER: o->allow_other = true; break;
@@ -488,10 +492,10 @@ int mount_main(int argc, char **argv) {
    * writes to one file serialise in the kernel): 1 MiB writes to a raw
    * file ran at 3 GB/s with 16 and 5 GB/s with 4.  Direct I/O: see
    * docs/ARCHITECTURE.md. */
-  struct mount_opts o = {.threads = 4, .workers = 4, .direct_io = true};
-  if (parse_opts(argc, argv, &o) < 0)
-    return 1;
-  int r = mount_run(&o);
+  struct mount_opts o = {
+      .threads = 4, .workers = 4, .direct_io = true, .open = BD_OPEN_OPTS_INIT};
+  int r = parse_opts(argc, argv, &o) < 0 ? 1 : mount_run(&o);
   free(o.plugin_source);
+  plugin_debug_free(&o.open);
   return r;
 }

@@ -11,13 +11,13 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "cli.h"
+#include "commands.h"
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "frontend/vhost-user.h"
-#include "cli.h"
-#include "commands.h"
 
 static const char vhost_usage[] =
     "Usage: blockport vhost --socket PATH [OPTIONS] SOURCE\n"
@@ -66,6 +66,7 @@ struct vhost_opts {
   const char *source, *format, *pid_file, *plugin;
   char *plugin_source; /* built from --plugin, owned */
   unsigned workers;
+  struct bd_open_opts open; /* -C, --timeout, --l2-cache-size, -D */
 };
 
 static int bad_value(const char *opt, const char *v) {
@@ -109,12 +110,12 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
     case 'C':
       if (cli_parse_uint(optarg, 1, 64, &v) < 0)
         return bad_value("connection count", optarg);
-      nbd_source_connections = v;
+      o->open.nbd_connections = v;
       break;
     case OPT_TIMEOUT:
       if (cli_parse_uint(optarg, 0, 86400, &v) < 0)
         return bad_value("timeout", optarg);
-      nbd_source_timeout = v;
+      o->open.nbd_timeout = v;
       break;
     case OPT_SERIAL: o->vhu.serial = optarg; break;
     case 'w':
@@ -124,12 +125,12 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
     case OPT_L2:
       if (bd_parse_size(optarg, &size) < 0 || !size)
         return bad_value("L2 cache size", optarg);
-      qcow2_l2_cache_bytes = size;
+      o->open.qcow2_l2_cache = size;
       break;
     case OPT_ONCE: o->vhu.once = true; break;
     case OPT_PLUGIN: o->plugin = optarg; break;
     case 'D':
-      if (plugin_add_debug_flag(optarg) < 0)
+      if (plugin_debug_add(&o->open, optarg) < 0)
         return bad_value("debug flag", optarg);
       break;
     case 'P': o->pid_file = optarg; break;
@@ -187,7 +188,10 @@ static int vhost_run(struct vhost_opts *o) {
     log_error("cannot start the worker pool");
     return 1;
   }
-  struct bd *bd = bd_open(o->source, o->format, o->vhu.readonly);
+  struct bd_open_opts oo = o->open;
+  oo.format = o->format;
+  oo.flags = o->vhu.readonly ? BD_OPEN_READONLY : 0;
+  struct bd *bd = bd_open_with(o->source, &oo);
   if (!bd) {
     log_error("%s: %s", o->source, bd_errmsg());
     bd_pool_stop();
@@ -205,10 +209,9 @@ static int vhost_run(struct vhost_opts *o) {
 }
 
 int vhost_main(int argc, char **argv) {
-  struct vhost_opts o = {.vhu = {.queues = 16}};
-  if (parse_opts(argc, argv, &o) < 0)
-    return 1;
-  int r = vhost_run(&o);
+  struct vhost_opts o = {.vhu = {.queues = 16}, .open = BD_OPEN_OPTS_INIT};
+  int r = parse_opts(argc, argv, &o) < 0 ? 1 : vhost_run(&o);
   free(o.plugin_source);
+  plugin_debug_free(&o.open);
   return r;
 }

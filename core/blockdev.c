@@ -10,8 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "formats/formats.h"
-#include "formats/probe.h"
 #include "pool.h"
 
 /* ---- errors ---- */
@@ -155,32 +153,80 @@ struct bd_caps bd_caps_full(void) {
                           .max_block = BD_MAX_IO};
 }
 
-const char *bd_probe_format(const char *path) {
-  const char *fmt = "raw";
-  return probe_file(path, &fmt) == 0 ? fmt : "raw";
+/* ---- opening, through the installed formats ---- */
+
+static const struct bd_format *const *formats;
+
+void bd_formats_install(const struct bd_format *const *table) {
+  formats = table;
 }
 
-/* An image file, in FORMAT or the one its content shows. */
-static struct bd *open_file(const char *path, const char *format,
-                            unsigned flags) {
-  if (!format) {
-    if (probe_file(path, &format) < 0)
-      return NULL;
-    if (!probe_supported(format)) {
-      probe_set_unsupported_error(path, format);
+static const struct bd_format *format_probing(void) {
+  for (const struct bd_format *const *f = formats; f && *f; f++)
+    if ((*f)->probe)
+      return *f;
+  return NULL;
+}
+
+static const struct bd_format *format_named(const char *name) {
+  for (const struct bd_format *const *f = formats; *f; f++)
+    if (!strcmp((*f)->name, name))
+      return *f;
+  return NULL;
+}
+
+const char *bd_probe_format(const char *path) {
+  const struct bd_format *p = format_probing();
+  const char *fmt = NULL;
+  int r = p ? p->probe(path, &fmt) : -ENOTSUP;
+  return (r == 0 || r == -ENOTSUP) && fmt ? fmt : "raw";
+}
+
+/* The entry that opens SPEC: the first whose matcher accepts it, else
+ * the one named by O->format or found by the probe (which then adds
+ * BD_OPEN_PROBED to O->flags). */
+static const struct bd_format *format_of(const char *spec,
+                                         struct bd_open_opts *o) {
+  for (const struct bd_format *const *f = formats; *f; f++)
+    if ((*f)->matches && (*f)->matches(spec))
+      return *f;
+  const char *name = o->format;
+  if (!name) {
+    const struct bd_format *p = format_probing();
+    if (!p) {
+      bd_set_error("%s: no format given, and none can probe it", spec);
       return NULL;
     }
-    flags |= BD_OPEN_PROBED;
+    if (p->probe(spec, &name) < 0)
+      return NULL;
+    o->flags |= BD_OPEN_PROBED;
   }
-  if (!strcmp(format, "raw"))
-    return raw_open(path, flags);
-  if (!strcmp(format, "qcow2"))
-    return qcow2_open(path, flags);
-  if (!strcmp(format, "null") || !strcmp(format, "memory"))
-    bd_set_error("format '%s' takes a size: use %s:SIZE", format, format);
+  const struct bd_format *f = format_named(name);
+  if (f && !f->matches)
+    return f;
+  if (f && f->usage)
+    bd_set_error("format '%s' takes %s", name, f->usage);
   else
-    bd_set_error("unknown format '%s'", format);
+    bd_set_error("unknown format '%s'", name);
   return NULL;
+}
+
+struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
+  struct bd_open_opts opts = BD_OPEN_OPTS_INIT;
+  if (o)
+    opts = *o;
+  if (opts.flags & BD_OPEN_SHARE)
+    opts.flags |= BD_OPEN_READONLY;
+  errbuf[0] = 0;
+  if (!formats) {
+    bd_set_error("%s: no formats installed (bd_formats_install)", spec);
+    return NULL;
+  }
+  const struct bd_format *f = format_of(spec, &opts);
+  struct bd *bd = f ? f->open(spec, &opts) : NULL;
+  if (bd && (opts.flags & BD_OPEN_READONLY))
+    bd->caps.readonly = true;
+  return bd;
 }
 
 struct bd *bd_open(const char *spec, const char *format, bool readonly) {
@@ -188,42 +234,10 @@ struct bd *bd_open(const char *spec, const char *format, bool readonly) {
 }
 
 struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags) {
-  if (flags & BD_OPEN_SHARE)
-    flags |= BD_OPEN_READONLY;
-  bool readonly = flags & BD_OPEN_READONLY;
-  errbuf[0] = 0;
-  struct bd *bd = NULL;
-  /* null:SIZE and memory:SIZE name devices, whatever --format says; a file
-   * with such a name can be given as ./null:1G. */
-  if (strncmp(spec, "null:", 5) == 0)
-    bd = null_open(spec + 5);
-  else if (strncmp(spec, "memory:", 7) == 0)
-    bd = memory_open(spec + 7);
-  else if (nbdsrc_is_uri(spec))
-    bd = nbdsrc_open(spec, readonly);
-  else if (plugin_is_spec(spec))
-    bd = plugin_source_open(spec, readonly);
-  else
-    bd = open_file(spec, format, flags);
-  if (bd && readonly)
-    bd->caps.readonly = true;
-  return bd;
-}
-
-/* Transitional: the options still reach the formats through their
- * globals; the format registry passes them down instead. */
-struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
-  static const struct bd_open_opts defaults = BD_OPEN_OPTS_INIT;
-  if (!o)
-    o = &defaults;
-  if (o->qcow2_l2_cache)
-    qcow2_l2_cache_bytes = o->qcow2_l2_cache;
-  nbd_source_connections = o->nbd_connections;
-  nbd_source_timeout = o->nbd_timeout;
-  for (size_t i = 0; i < o->n_plugin_debug; i++)
-    if (plugin_add_debug_flag(o->plugin_debug[i]) < 0)
-      return NULL;
-  return bd_open_flags(spec, o->format, o->flags);
+  struct bd_open_opts o = BD_OPEN_OPTS_INIT;
+  o.format = format;
+  o.flags = flags;
+  return bd_open_with(spec, &o);
 }
 
 static _Thread_local struct bd_conn *cur_conn;

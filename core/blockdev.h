@@ -217,9 +217,10 @@ struct bd_req {
   struct bd_req *next;  /* queue link, owned by the core while in flight */
 };
 
-/* The format of the image at PATH by its content (formats/probe.h):
- * "qcow2", "raw", or the name of a format blockport does not support.
- * "raw" when the file cannot be read (opening it then reports why). */
+/* The format of the image at PATH by its content, as the installed
+ * formats' probe finds it: "qcow2", "raw", or the name of a format
+ * blockport does not support.  "raw" when the file cannot be read
+ * (opening it then reports why) or no probe is installed. */
 const char *bd_probe_format(const char *path);
 
 /* How bd_open_flags() opens a source. */
@@ -233,10 +234,11 @@ enum {
   BD_OPEN_PROBED = 1u << 2,
 };
 
-/* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE".  FORMAT is NULL
- * to probe by content.  Image files are locked as QEMU locks them (a busy
- * image is refused); formats blockport does not support are refused by
- * name.  Returns NULL with a message in bd_errmsg(). */
+/* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or
+ * a plugin's spec.  FORMAT is NULL to probe by content.  Image files are
+ * locked as QEMU locks them (a busy image is refused); formats blockport
+ * does not support are refused by name.  Returns NULL with a message in
+ * bd_errmsg().  bd_open_with() with the other options at their defaults. */
 struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
 /* bd_open_flags() with BD_OPEN_READONLY when READONLY. */
 struct bd *bd_open(const char *spec, const char *format, bool readonly);
@@ -261,9 +263,35 @@ struct bd_open_opts {
 #define BD_NBD_TIMEOUT_DEFAULT 30
 #define BD_OPEN_OPTS_INIT                                                      \
   { .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT }
-/* Opens SPEC as O says (O NULL: the defaults).  NULL with a message in
- * bd_errmsg(). */
+/* Opens SPEC as O says (O NULL: the defaults), through the installed
+ * formats (below).  NULL with a message in bd_errmsg(). */
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);
+
+/* A kind of source.  The core knows none: formats/ lists them
+ * (formats/registry.h), and every program installs that table once,
+ * before it opens anything.  bd_open_with() tries, in table order, the
+ * entries whose spec matcher accepts SPEC; otherwise the format named by
+ * O->format, or the one the probe finds in the file. */
+struct bd_format {
+  const char *name; /* what --format names it */
+  /* Sources a spec names by itself (null:SIZE, nbd://..., a plugin):
+   * whether SPEC is one.  Such a spec opens with this entry whatever
+   * --format says.  NULL for image file formats. */
+  bool (*matches)(const char *spec);
+  /* For an entry with a matcher named by --format on a spec it does not
+   * match: "format 'NAME' takes USAGE".  NULL: no format has that name. */
+  const char *usage;
+  /* The format of the image file at PATH by its content: 0 with *FORMAT
+   * set; -ENOTSUP with *FORMAT set and a message for a format blockport
+   * does not open; other -errno with a message.  The first entry of the
+   * table that has one probes. */
+  int (*probe)(const char *path, const char **format);
+  /* Opens SPEC as O says (never NULL; O->flags has BD_OPEN_PROBED when
+   * the probe chose the format).  NULL with a message in bd_errmsg(). */
+  struct bd *(*open)(const char *spec, const struct bd_open_opts *o);
+};
+/* TABLE: NULL-terminated, and outliving every opening. */
+void bd_formats_install(const struct bd_format *const *table);
 
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);

@@ -8,23 +8,21 @@
 #include <stdint.h>
 
 struct bd;
+struct bd_open_opts;
 
-/* FLAGS: BD_OPEN_* (core/blockdev.h). */
-struct bd *raw_open(const char *path, unsigned flags);
-struct bd *null_open(const char *size);
-struct bd *memory_open(const char *size);
-/* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd. */
+/* Each opens SPEC as O says (O->flags: BD_OPEN_*, core/blockdev.h). */
+struct bd *raw_open(const char *path, const struct bd_open_opts *o);
+/* "null:SIZE" and "memory:SIZE". */
+bool null_is_spec(const char *spec);
+struct bd *null_open(const char *spec, const struct bd_open_opts *o);
+bool memory_is_spec(const char *spec);
+struct bd *memory_open(const char *spec, const struct bd_open_opts *o);
+/* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd;
+ * O->nbd_connections and O->nbd_timeout as core/blockdev.h says.  More
+ * connections than one on a server without multi-conn are refused with a
+ * warning, using one. */
 bool nbdsrc_is_uri(const char *spec);
-struct bd *nbdsrc_open(const char *uri, bool readonly);
-/* Options of each NBD source opened from now on.  Connections: 0 means 4
- * when the server advertises multi-conn, otherwise 1; more than 1 on a
- * server without multi-conn is refused with a warning, using 1 (at most
- * 16).  Timeout: seconds a request may wait for a lost server
- * (reconnecting) before failing with EIO, and how long a connection with
- * requests in flight may hear nothing before it counts as lost; 0 waits
- * forever. */
-extern unsigned nbd_source_connections;
-extern unsigned nbd_source_timeout;
+struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o);
 /* nbdkit plugins (formats/plugin.c).  A plugin's spec is built by
  * plugin_spec() from its name or path and its key=value parameters, as
  * `--plugin NAME key=value...` gives them: "nbdkit:" then the fields
@@ -33,13 +31,19 @@ extern unsigned nbd_source_timeout;
 #define PLUGIN_SPEC_SEP '\x1f'
 char *plugin_spec(const char *plugin, char *const *params, int n);
 bool plugin_is_spec(const char *spec);
-struct bd *plugin_source_open(const char *spec, bool readonly);
-/* -D NAME.FLAG=N: set the plugin's global int NAME_debug_FLAG when it
- * loads.  ARG must outlive the load.  Returns 0 or -EINVAL (message in
- * bd_errmsg()). */
-int plugin_add_debug_flag(const char *arg);
-struct bd *qcow2_open(const char *path, unsigned flags);
-/* L2 cache of each qcow2 image opened from now on, in bytes. */
-extern uint64_t qcow2_l2_cache_bytes;
+/* O->plugin_debug: -D NAME.FLAG=N, each setting the plugin's global int
+ * NAME_debug_FLAG when it loads. */
+struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o);
+/* Whether ARG is a -D NAME.FLAG=N setting: 0, or -EINVAL with a message in
+ * bd_errmsg(); for command lines to refuse a bad one at once. */
+int plugin_check_debug_flag(const char *arg);
+/* Appends ARG, once checked, to O->plugin_debug, an array the caller
+ * frees with plugin_debug_free().  0 or -errno with a message. */
+int plugin_debug_add(struct bd_open_opts *o, const char *arg);
+void plugin_debug_free(struct bd_open_opts *o);
+/* O->qcow2_l2_cache: per image of the chain; 0: QCOW2_L2_CACHE_DEFAULT. */
+struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
+/* 32 MiB maps 256 GiB of 64 KiB clusters. */
+#define QCOW2_L2_CACHE_DEFAULT (32u * 1024 * 1024)
 
 #endif

@@ -182,7 +182,13 @@ static const struct bd_ops memory_ops = {
     .close = mem_close,
 };
 
-struct bd *memory_open(const char *size) {
+bool memory_is_spec(const char *spec) {
+  return strncmp(spec, "memory:", 7) == 0;
+}
+
+struct bd *memory_open(const char *spec, const struct bd_open_opts *o) {
+  (void)o;
+  const char *size = spec + 7;
   uint64_t sz;
   if (bd_parse_size(size, &sz) < 0 || sz > MEMORY_MAX_SIZE) {
     bd_set_error("memory: invalid size '%s' (at most 1P)", size);

@@ -19,10 +19,11 @@
  * Reads, cache and block status (when nothing was reported yet) are sent
  * again on another connection, or wait for one; writes, trims, zeroes and
  * flushes fail with EIO, since the server may have applied them in part.
- * While no connection is up, requests wait; one that has waited
- * nbd_source_timeout seconds fails with EIO.  A connection with requests
- * in flight that hears nothing from the server for as long is dropped as
- * lost (a peer gone without closing the socket).  The event thread
+ * While no connection is up, requests wait; one that has waited the
+ * source's timeout (bd_open_opts.nbd_timeout) fails with EIO.  A
+ * connection with requests in flight that hears nothing from the server
+ * for as long is dropped as lost (a peer gone without closing the
+ * socket).  The event thread
  * reconnects in the background, every 0.5 s doubling to 4 s (every 0.5 s
  * while requests wait), and refuses an export whose size changed.  After
  * a loss with completed writes not yet flushed, the next flush fails with
@@ -55,9 +56,6 @@
 #define CONNECT_MAX_MS 10000 /* a handshake taking longer is abandoned */
 #define CLOSE_BUSY_MS 5000   /* close waits this long for requests */
 #define CLOSE_DISC_MS 1000   /* and this long for the server to hang up */
-
-unsigned nbd_source_connections = 0;
-unsigned nbd_source_timeout = 30;
 
 enum conn_state {
   C_DOWN,       /* no handle; the event thread retries at due */
@@ -1030,10 +1028,10 @@ static void set_caps(struct bd *bd, struct nbddev *d, struct nbd_handle *h,
   c->max_block = max > 0 && max < BD_MAX_IO ? (uint32_t)max : BD_MAX_IO;
 }
 
-/* How many connections: see nbd_source_connections in formats.h. */
-static unsigned conn_count(struct nbddev *d, struct nbd_handle *h) {
+/* How many connections: WANT as bd_open_opts.nbd_connections says. */
+static unsigned conn_count(struct nbddev *d, struct nbd_handle *h,
+                           unsigned want) {
   bool multi = nbd_can_multi_conn(h) == 1;
-  unsigned want = nbd_source_connections;
   if (want > MAX_CONNS)
     want = MAX_CONNS;
   if (want == 0)
@@ -1047,7 +1045,7 @@ static unsigned conn_count(struct nbddev *d, struct nbd_handle *h) {
   return want;
 }
 
-static struct nbddev *new_dev(const char *uri) {
+static struct nbddev *new_dev(const char *uri, unsigned timeout_s) {
   struct nbddev *d = calloc(1, sizeof *d);
   if (!d)
     return NULL;
@@ -1060,7 +1058,7 @@ static struct nbddev *new_dev(const char *uri) {
     c->backoff = RETRY_MIN_MS;
     pthread_rwlock_init(&c->lock, NULL);
   }
-  d->timeout_ms = (int64_t)nbd_source_timeout * 1000;
+  d->timeout_ms = (int64_t)timeout_s * 1000;
   if (!(d->uri = strdup(uri)) ||
       (d->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
     free_dev(d);
@@ -1147,8 +1145,9 @@ static void connect_rest(struct nbddev *d) {
   }
 }
 
-struct bd *nbdsrc_open(const char *uri, bool readonly) {
-  struct nbddev *d = new_dev(uri);
+struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
+  bool readonly = o->flags & BD_OPEN_READONLY;
+  struct nbddev *d = new_dev(uri, o->nbd_timeout);
   struct bd *bd = NULL;
   if (!d) {
     bd_set_error("nbd %s: cannot set up: out of memory", uri);
@@ -1161,7 +1160,7 @@ struct bd *nbdsrc_open(const char *uri, bool readonly) {
     goto fail;
   }
   set_caps(bd, d, d->conns[0].h, readonly);
-  d->nconns = conn_count(d, d->conns[0].h);
+  d->nconns = conn_count(d, d->conns[0].h, o->nbd_connections);
   connect_rest(d);
   if (pthread_create(&d->thread, NULL, event_loop, d) != 0) {
     bd_set_error("nbd %s: cannot start its event thread", uri);

@@ -48,7 +48,13 @@ static const struct bd_ops null_ops = {
     .extents = null_extents,
 };
 
-struct bd *null_open(const char *size) {
+bool null_is_spec(const char *spec) {
+  return strncmp(spec, "null:", 5) == 0;
+}
+
+struct bd *null_open(const char *spec, const struct bd_open_opts *o) {
+  (void)o;
+  const char *size = spec + 5;
   uint64_t sz;
   if (bd_parse_size(size, &sz) < 0) {
     bd_set_error("null: invalid size '%s'", size);

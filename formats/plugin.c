@@ -39,7 +39,6 @@
 
 /* Largest count passed to a plugin call (counts are 32-bit there). */
 #define PL_MAX_COUNT (1u << 30)
-#define PL_MAX_DEBUG_FLAGS 64
 #define PL_MAX_EXPORTS 10000
 
 _Thread_local struct pl_thread pl_thread;
@@ -61,8 +60,6 @@ struct plugin {
 };
 
 static struct plugin *the_plugin; /* one per process */
-static const char *debug_flags[PL_MAX_DEBUG_FLAGS];
-static size_t ndebug_flags;
 
 const char *pl_name(void) {
   return the_plugin && the_plugin->p.name ? the_plugin->p.name : "plugin";
@@ -758,18 +755,33 @@ static int register_plugin(struct plugin *pl) {
 
 /* ---- debug flags ---- */
 
-int plugin_add_debug_flag(const char *arg) {
+int plugin_check_debug_flag(const char *arg) {
   const char *dot = strchr(arg, '.'), *eq = strchr(arg, '=');
   if (!dot || !eq || dot == arg || eq < dot + 2 || !eq[1]) {
     bd_set_error("-D %s: expected NAME.FLAG=N", arg);
     return -EINVAL;
   }
-  if (ndebug_flags == PL_MAX_DEBUG_FLAGS) {
-    bd_set_error("-D %s: too many debug flags", arg);
-    return -EINVAL;
-  }
-  debug_flags[ndebug_flags++] = arg;
   return 0;
+}
+
+int plugin_debug_add(struct bd_open_opts *o, const char *arg) {
+  if (plugin_check_debug_flag(arg) < 0)
+    return -EINVAL;
+  const char **v =
+      realloc((void *)o->plugin_debug, (o->n_plugin_debug + 1) * sizeof *v);
+  if (!v) {
+    bd_set_error("out of memory");
+    return -ENOMEM;
+  }
+  v[o->n_plugin_debug++] = arg;
+  o->plugin_debug = v;
+  return 0;
+}
+
+void plugin_debug_free(struct bd_open_opts *o) {
+  free((void *)o->plugin_debug);
+  o->plugin_debug = NULL;
+  o->n_plugin_debug = 0;
 }
 
 static bool same_name(const char *a, size_t alen, const char *b) {
@@ -866,9 +878,11 @@ static int step(struct plugin *pl, int (*fn)(void), const char *what) {
   return 0;
 }
 
-static int configure(struct plugin *pl, char **params, size_t n) {
-  for (size_t i = 0; i < ndebug_flags; i++)
-    if (apply_debug_flag(pl, debug_flags[i]) < 0)
+static int configure(struct plugin *pl, char **params, size_t n,
+                     const struct bd_open_opts *o) {
+  for (size_t i = 0; i < o->n_plugin_debug; i++)
+    if (plugin_check_debug_flag(o->plugin_debug[i]) < 0 ||
+        apply_debug_flag(pl, o->plugin_debug[i]) < 0)
       return -EINVAL;
   if (pl->p.load)
     pl->p.load();
@@ -990,7 +1004,8 @@ static int split_spec(const char *spec, char ***argv, size_t *argc) {
   return 0;
 }
 
-struct bd *plugin_source_open(const char *spec, bool readonly) {
+struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o) {
+  bool readonly = o->flags & BD_OPEN_READONLY;
   if (the_plugin) {
     bd_set_error("only one nbdkit plugin can be loaded at a time");
     return NULL;
@@ -1009,7 +1024,7 @@ struct bd *plugin_source_open(const char *spec, bool readonly) {
   struct bd *bd = NULL;
   if (load_library(pl, argv[0]) == 0 && register_plugin(pl) == 0) {
     the_plugin = pl;
-    if (configure(pl, argv + 1, argc - 1) == 0)
+    if (configure(pl, argv + 1, argc - 1, o) == 0)
       bd = make_device(pl);
   }
   free(argv[0]);

@@ -348,7 +348,8 @@ static enum filelock_use lock_use(unsigned flags) {
   return flags & BD_OPEN_READONLY ? FILELOCK_USE_READ : FILELOCK_USE_WRITE;
 }
 
-struct bd *raw_open(const char *path, unsigned flags) {
+struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
+  unsigned flags = o->flags;
   bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
   int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
   if (fd < 0) {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "formats/registry.h"
 
 static char *file;
 static const char *format;
@@ -62,6 +63,7 @@ static int bp_config_complete(void) {
 /* Open here, before nbdkit forks: errors reach the user, and opening
  * starts no thread. */
 static int bp_get_ready(void) {
+  bd_formats_install(formats_registry);
   bd = bd_open(file, format, readonly);
   if (!bd) {
     nbdkit_error("%s", bd_errmsg());

@@ -21,15 +21,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/blockdev.h"
-#include "core/log.h"
-#include "core/pool.h"
-#include "formats/formats.h"
 #include "access.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "config.h"
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/pool.h"
 #include "exports.h"
+#include "formats/formats.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
 #include "sd-daemon.h"
@@ -60,6 +60,8 @@ struct serve_opts {
   const char *metrics; /* --metrics ADDR:PORT */
   const char *config;  /* --config FILE */
   bool check_config;   /* --check-config: check the exports, then exit */
+  /* -L, -N, -T, -D */
+  struct bd_open_opts open;
 };
 
 /* Long options without a short form. */
@@ -267,7 +269,7 @@ static int exports_open(struct server *srv, const struct config *cf,
                             .plugin = o->plugin != NULL,
                             .file = o->config};
   char err[1024];
-  struct export_set *s = exports_build(srv, cf, &eo, err, sizeof err);
+  struct export_set *s = exports_build(srv, cf, &eo, err, sizeof err, &o->open);
   if (!s) {
     log_error("%s", err);
     return -1;
@@ -780,16 +782,16 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
         goto bad;
       break;
     case 'L':
-      if (bd_parse_size(optarg, &qcow2_l2_cache_bytes) < 0 ||
-          qcow2_l2_cache_bytes < 65536)
+      if (bd_parse_size(optarg, &o->open.qcow2_l2_cache) < 0 ||
+          o->open.qcow2_l2_cache < 65536)
         goto bad;
       break;
     case 'N':
-      if (cli_parse_uint(optarg, 0, 16, &nbd_source_connections) < 0)
+      if (cli_parse_uint(optarg, 0, 16, &o->open.nbd_connections) < 0)
         goto bad;
       break;
     case 'T':
-      if (cli_parse_uint(optarg, 0, 86400, &nbd_source_timeout) < 0)
+      if (cli_parse_uint(optarg, 0, 86400, &o->open.nbd_timeout) < 0)
         goto bad;
       break;
     case 'G': o->plugin = optarg; break;
@@ -831,7 +833,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o,
       lim->idle_ms = secs * 1000;
       break;
     case 'D':
-      if (plugin_add_debug_flag(optarg) < 0) {
+      if (plugin_debug_add(&o->open, optarg) < 0) {
         fprintf(stderr, "blockport serve: %s\n", bd_errmsg());
         return -1;
       }
@@ -949,11 +951,12 @@ static int check_exports(struct server *srv, struct serve_opts *o, int argc,
   free(plugin);
   free(srv->allow);
   free(o->ro_exports);
+  plugin_debug_free(&o->open);
   return ret;
 }
 
 int serve_main(int argc, char **argv) {
-  struct serve_opts o = {.unix_mode = -1};
+  struct serve_opts o = {.unix_mode = -1, .open = BD_OPEN_OPTS_INIT};
   struct server srv = {
       .limits = {.max_connections = 128,
                  .max_requests = 256,
@@ -963,8 +966,10 @@ int serve_main(int argc, char **argv) {
       .cond = PTHREAD_COND_INITIALIZER,
   };
   /* Usage errors exit 1, as qemu-img's do. */
-  if (parse_opts(argc, argv, &o, &srv) < 0)
+  if (parse_opts(argc, argv, &o, &srv) < 0) {
+    plugin_debug_free(&o.open);
     return 1;
+  }
   if (o.check_config)
     return check_exports(&srv, &o, argc, argv);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
@@ -1087,5 +1092,6 @@ out:
   free(plugin);
   free(srv.allow);
   free(o.ro_exports);
+  plugin_debug_free(&o.open);
   return ret;
 }

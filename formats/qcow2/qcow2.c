@@ -18,14 +18,12 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "server/wire.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"
 #include "qcow2-internal.h"
+#include "server/wire.h"
 
-/* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
-uint64_t qcow2_l2_cache_bytes = 32u * 1024 * 1024;
 #define MAX_CHAIN 256
 
 /* ---- I/O helpers ---- */
@@ -442,7 +440,8 @@ struct chain {
  * (it repairs what it needs, and refuses nothing). */
 #define Q_OPEN_CHECK (1u << 16)
 
-static struct bd *qcow2_open_chain(const char *path, unsigned flags,
+static struct bd *qcow2_open_chain(const char *path,
+                                   const struct bd_open_opts *o,
                                    const struct chain *chain);
 
 /* NAME relative to the directory of the image at PATH, as QEMU does. */
@@ -461,7 +460,9 @@ static char *resolve_relative(const char *path, const char *name) {
   return out;
 }
 
+/* With the image's options O: the L2 cache applies to each image. */
 static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
+                               const struct bd_open_opts *o,
                                const struct chain *chain) {
   char name[QCOW2_MAX_BACKING_NAME + 1];
   memcpy(name, hdr + q->h.backing_offset, q->h.backing_size);
@@ -480,12 +481,13 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   /* Read-only, and locked as QEMU locks a backing file: shared with other
    * readers, refusing writers. */
-  unsigned flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
+  struct bd_open_opts bo = *o;
+  bo.flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
   struct bd *b = NULL;
   if (!strcmp(fmt, "qcow2"))
-    b = qcow2_open_chain(bpath, flags, chain);
+    b = qcow2_open_chain(bpath, &bo, chain);
   else if (!strcmp(fmt, "raw"))
-    b = raw_open(bpath, flags);
+    b = raw_open(bpath, &bo);
   else
     bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
                  fmt);
@@ -606,7 +608,8 @@ static int check_chain(struct qcow2dev *q, const struct chain *chain,
   return 0;
 }
 
-static int setup(struct qcow2dev *q, const struct chain *chain) {
+static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
+                 const struct chain *chain) {
   struct chain self;
   uint8_t *hdr = NULL;
   int r = check_chain(q, chain, &self);
@@ -621,13 +624,15 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
         .data_file = q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE};
     q->l2_bits = q->h.cluster_bits - (q->g.extended_l2 ? 4 : 3);
     size_t slice = q->csize < 4096 ? q->csize : 4096;
-    q->cache = l2cache_new(slice, qcow2_l2_cache_bytes);
+    uint64_t l2 =
+        o->qcow2_l2_cache ? o->qcow2_l2_cache : QCOW2_L2_CACHE_DEFAULT;
+    q->cache = l2cache_new(slice, l2);
     r = q->cache ? load_l1(q) : -ENOMEM;
   }
   if (r == 0)
     r = open_data_file(q);
   if (r == 0 && q->h.backing_offset) {
-    q->backing = open_backing(q, hdr, &self);
+    q->backing = open_backing(q, hdr, o, &self);
     if (!q->backing)
       r = -EINVAL;
   }
@@ -635,8 +640,10 @@ static int setup(struct qcow2dev *q, const struct chain *chain) {
   return r;
 }
 
-static struct bd *qcow2_open_chain(const char *path, unsigned flags,
+static struct bd *qcow2_open_chain(const char *path,
+                                   const struct bd_open_opts *o,
                                    const struct chain *chain) {
+  unsigned flags = o->flags;
   bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
   bool for_check = flags & Q_OPEN_CHECK;
   struct qcow2dev *q = calloc(1, sizeof *q);
@@ -659,7 +666,7 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
     return NULL;
   }
   struct bd *bd = NULL;
-  if (setup(q, chain) == 0 &&
+  if (setup(q, o, chain) == 0 &&
       (readonly || for_check || qcow2_open_writable(q) == 0))
     bd = bd_new(&qcow2_ops, "qcow2", path);
   if (!bd) {
@@ -676,10 +683,14 @@ static struct bd *qcow2_open_chain(const char *path, unsigned flags,
   return bd;
 }
 
-struct bd *qcow2_open(const char *path, unsigned flags) {
-  return qcow2_open_chain(path, flags & ~Q_OPEN_CHECK, NULL);
+struct bd *qcow2_open(const char *path, const struct bd_open_opts *o) {
+  struct bd_open_opts own = *o;
+  own.flags &= ~Q_OPEN_CHECK;
+  return qcow2_open_chain(path, &own, NULL);
 }
 
 struct bd *qcow2_open_check(const char *path, unsigned flags) {
-  return qcow2_open_chain(path, (flags & ~Q_OPEN_CHECK) | Q_OPEN_CHECK, NULL);
+  struct bd_open_opts o = BD_OPEN_OPTS_INIT;
+  o.flags = (flags & ~Q_OPEN_CHECK) | Q_OPEN_CHECK;
+  return qcow2_open_chain(path, &o, NULL);
 }

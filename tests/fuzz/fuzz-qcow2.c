@@ -31,6 +31,7 @@
 #include "formats/qcow2/check.h"
 #include "formats/qcow2/qcow2-internal.h"
 #include "formats/qcow2/qcow2.h"
+#include "formats/registry.h"
 #include "fuzz-check.h"
 
 #define MAX_INPUT (1u << 20)
@@ -94,6 +95,7 @@ static void cleanup(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
+  bd_formats_install(formats_registry);
   verbose = getenv("FUZZ_QCOW2_VERBOSE") != NULL;
   if (!verbose)
     log_threshold = LOG_LEVEL_ERROR; /* corrupt images log warnings */

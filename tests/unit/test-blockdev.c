@@ -6,6 +6,12 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "formats/registry.h"
+
+/* Sources open through the formats' table, as in the program. */
+__attribute__((constructor)) static void install_formats(void) {
+  bd_formats_install(formats_registry);
+}
 
 /* ---- bd_parse_size ---- */
 

@@ -12,8 +12,14 @@
 #include <linux/virtio_config.h>
 #include <stdlib.h>
 
+#include "formats/registry.h"
 #include "frontend/virtio-blk.h"
 #include "guest-sim.h"
+
+/* Sources open through the formats' table, as in the program. */
+__attribute__((constructor)) static void install_formats(void) {
+  bd_formats_install(formats_registry);
+}
 
 #define HDR 0x20000ull  /* request header */
 #define DATA 0x30000ull /* data buffers */

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The table of formats (registry.h).  Sources a spec names come first, so
+ * that null:SIZE opens the null device whatever --format says (a file
+ * with such a name is given as ./null:SIZE). */
+#include "registry.h"
+
+#include <errno.h>
+
+#include "formats.h"
+#include "probe.h"
+
+int formats_probe(const char *path, const char **format) {
+  int r = probe_file(path, format);
+  if (r < 0)
+    return r;
+  if (!probe_supported(*format)) {
+    probe_set_unsupported_error(path, *format);
+    return -ENOTSUP;
+  }
+  return 0;
+}
+
+static const struct bd_format null_format = {
+    .name = "null",
+    .matches = null_is_spec,
+    .usage = "a size: use null:SIZE",
+    .open = null_open,
+};
+
+static const struct bd_format memory_format = {
+    .name = "memory",
+    .matches = memory_is_spec,
+    .usage = "a size: use memory:SIZE",
+    .open = memory_open,
+};
+
+static const struct bd_format nbd_format = {
+    .name = "nbd",
+    .matches = nbdsrc_is_uri,
+    .open = nbdsrc_open,
+};
+
+static const struct bd_format plugin_format = {
+    .name = "nbdkit",
+    .matches = plugin_is_spec,
+    .open = plugin_source_open,
+};
+
+/* raw carries the probe: what a file is when no other magic is found. */
+static const struct bd_format raw_format = {
+    .name = "raw",
+    .probe = formats_probe,
+    .open = raw_open,
+};
+
+static const struct bd_format qcow2_format = {
+    .name = "qcow2",
+    .open = qcow2_open,
+};
+
+const struct bd_format *const formats_registry[] = {
+    &null_format, &memory_format, &nbd_format, &plugin_format,
+    &raw_format,  &qcow2_format,  NULL,
+};
