@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/byteorder.h"
+
 struct nbd_request {
   uint16_t flags;
   uint16_t type;
@@ -69,28 +71,5 @@ struct nbd_run {
 };
 size_t nbd_split_zero_runs(const uint8_t *buf, uint64_t len,
                            struct nbd_run *runs, size_t maxruns);
-
-/* Big-endian helpers. */
-static inline void put_be16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-}
-static inline void put_be32(uint8_t *p, uint32_t v) {
-  put_be16(p, (uint16_t)(v >> 16));
-  put_be16(p + 2, (uint16_t)v);
-}
-static inline void put_be64(uint8_t *p, uint64_t v) {
-  put_be32(p, (uint32_t)(v >> 32));
-  put_be32(p + 4, (uint32_t)v);
-}
-static inline uint16_t get_be16(const uint8_t *p) {
-  return (uint16_t)((p[0] << 8) | p[1]);
-}
-static inline uint32_t get_be32(const uint8_t *p) {
-  return ((uint32_t)get_be16(p) << 16) | get_be16(p + 2);
-}
-static inline uint64_t get_be64(const uint8_t *p) {
-  return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
-}
 
 #endif

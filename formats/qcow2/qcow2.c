@@ -18,7 +18,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"
