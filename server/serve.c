@@ -21,18 +21,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/blockdev.h"
-#include "core/log.h"
-#include "core/pool.h"
-#include "formats/formats.h"
 #include "access.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "config.h"
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/notify.h"
+#include "core/pool.h"
 #include "exports.h"
+#include "formats/formats.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
-#include "sd-daemon.h"
 #include "server.h"
 #include "tls.h"
 
@@ -336,7 +336,7 @@ static void reload(struct server *srv, const struct serve_opts *o) {
     log_info("SIGHUP: nothing to reload (no --config, no TLS)");
     return;
   }
-  sd_notify("RELOADING=1\nSTATUS=Reloading the configuration");
+  notify_send("RELOADING=1\nSTATUS=Reloading the configuration");
   struct tls_creds *cr = NULL;
   if (srv->tls != HS_TLS_OFF &&
       !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
@@ -358,7 +358,7 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   char msg[200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s",
            srv->current->n, srv->current->n == 1 ? "" : "s");
-  sd_notify(msg);
+  notify_send(msg);
 }
 
 /* Reloads run on their own thread: opening a new export can take a while
@@ -573,9 +573,11 @@ static void accept_one(struct server *srv, int lfd) {
 /* Take the sockets systemd passed, if any.  Returns their number, or -1
  * (an error, or a usage error: options that conflict with them). */
 static int take_activated(struct serve_opts *o, int *lfds) {
-  int n = sd_listen_fds(lfds, MAX_LISTENERS);
+  int n = listen_fds_take(lfds, MAX_LISTENERS);
+  if (n < 0)
+    log_error("%s", bd_errmsg());
   if (n <= 0)
-    return n;
+    return n < 0 ? -1 : 0;
   const char *opt = o->unix_path        ? "--unix"
                     : o->port           ? "--port"
                     : o->bind_addr      ? "--bind"
@@ -599,7 +601,7 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
   out[0] = '\0';
   for (int i = 0; i < nl && used + 1 < len; i++) {
     char one[160];
-    sd_describe_listener(lfds[i], one, sizeof one);
+    listen_fd_describe(lfds[i], one, sizeof one);
     int w = snprintf(out + used, len - used, "%s%s", i ? ", " : "", one);
     if (w < 0)
       break;
@@ -622,7 +624,7 @@ static void notify_ready(const struct server *srv, const char *where) {
   char msg[1200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s on %s",
            srv->current->n, srv->current->n == 1 ? "" : "s", where);
-  sd_notify(msg);
+  notify_send(msg);
 }
 
 /* Wait until every connection has ended, or the deadline passes. */
@@ -974,7 +976,8 @@ int serve_main(int argc, char **argv) {
   if (activated < 0)
     return 1;
   nl = activated;
-  sd_notify_init();
+  if (notify_init() < 0)
+    log_warn("%s; not notifying systemd", bd_errmsg());
   if (!activated && !o.unix_path && !o.port)
     o.port = "10809";
 
@@ -1047,7 +1050,7 @@ int serve_main(int argc, char **argv) {
   }
   pthread_setname_np(rl.thread, "bp-reload");
   ret = run(&srv, &rl, lfds, nl, sfd) < 0 ? 1 : 0;
-  sd_notify("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
+  notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
   /* A reload under way finishes first (opening images is bounded). */
   reloader_poke(&rl, true);
   pthread_join(rl.thread, NULL);
