@@ -242,9 +242,8 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
 
 /* Read the config file.  Returns 0, or -1 with the reason logged. */
 static int config_read(const struct serve_opts *o, struct config *cf) {
-  char err[512];
-  if (config_load(o->config, cf, err, sizeof err) < 0) {
-    log_error("%s", err);
+  if (config_load(o->config, cf) < 0) {
+    log_error("%s", bd_errmsg());
     return -1;
   }
   for (size_t i = 0; i < cf->n; i++)
@@ -701,9 +700,8 @@ static int check_tls_opts(const struct serve_opts *o, enum hs_tls mode) {
 /* One --allow CIDR, added to the server's list. */
 static int add_allow(struct server *srv, const char *text) {
   struct acl_rule r;
-  char err[160];
-  if (acl_parse(text, &r, err, sizeof err) < 0) {
-    fprintf(stderr, "blockport serve: --allow %s\n", err);
+  if (acl_parse(text, &r) < 0) {
+    fprintf(stderr, "blockport serve: --allow %s\n", bd_errmsg());
     return -1;
   }
   struct acl_rule *n = realloc(srv->allow, (srv->nallow + 1) * sizeof *n);
