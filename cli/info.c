@@ -23,7 +23,8 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
-#include "server/wire.h" /* get_be16/32/64 */
+#include "commands.h"
+#include "core/byteorder.h"
 
 #define MAX_CHAIN 256
 #define MAX_BITMAPS 65535

@@ -41,33 +41,12 @@ struct rawdev {
 
 static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   struct rawdev *r = bd->priv;
-  char *p = buf;
-  int f = fault_check(FAULT_READ, off, len);
-  if (f < 0) {
+  /* A file that shrank under us reads as zeroes past its end. */
+  int e = io_pread_zero(r->fd, buf, len, off);
+  if (e < 0)
     bd_set_error("raw: read at %llu: %s", (unsigned long long)off,
-                 strerror(-f));
-    return f;
-  }
-  while (len > 0) {
-    ssize_t n = pread(r->fd, p, len, (off_t)off);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      int e = errno;
-      bd_set_error("raw: read at %llu: %s", (unsigned long long)off,
-                   strerror(e));
-      return -e;
-    }
-    if (n == 0) {
-      /* The file shrank under us: what is past its end reads as zeroes. */
-      memset(p, 0, len);
-      return 0;
-    }
-    p += n;
-    off += (uint64_t)n;
-    len -= (uint64_t)n;
-  }
-  return 0;
+                 strerror(-e));
+  return e;
 }
 
 static int raw_flush(struct bd *bd) {
@@ -81,26 +60,11 @@ static int raw_flush(struct bd *bd) {
 static int raw_pwrite(struct bd *bd, const void *buf, uint64_t len,
                       uint64_t off, uint32_t flags) {
   struct rawdev *r = bd->priv;
-  const char *p = buf;
-  int f = fault_check(FAULT_WRITE, off, len);
-  if (f < 0) {
+  int e = io_pwrite_all(r->fd, buf, len, off);
+  if (e < 0) {
     bd_set_error("raw: write at %llu: %s", (unsigned long long)off,
-                 strerror(-f));
-    return f;
-  }
-  while (len > 0) {
-    ssize_t n = pwrite(r->fd, p, len, (off_t)off);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      int e = errno;
-      bd_set_error("raw: write at %llu: %s", (unsigned long long)off,
-                   strerror(e));
-      return -e;
-    }
-    p += n;
-    off += (uint64_t)n;
-    len -= (uint64_t)n;
+                 strerror(-e));
+    return e;
   }
   return (flags & BD_F_FUA) ? raw_flush(bd) : 0;
 }

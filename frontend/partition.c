@@ -12,6 +12,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "core/byteorder.h"
+
 #define MBR_SECTOR 512u
 #define MBR_TABLE 446u
 #define GPT_MAX_ARRAY (1u << 20) /* bytes of GPT entries we accept */
@@ -24,15 +26,6 @@ struct ctx {
   uint64_t size;
   struct pt_table *t;
 };
-
-static uint32_t le32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-         (uint32_t)p[3] << 24;
-}
-
-static uint64_t le64(const uint8_t *p) {
-  return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
-}
 
 __attribute__((format(printf, 2, 3))) static void warn(struct ctx *c,
                                                        const char *fmt, ...) {
@@ -93,7 +86,7 @@ struct mbr_entry {
 
 static struct mbr_entry mbr_entry(const uint8_t *sector, unsigned slot) {
   const uint8_t *e = sector + MBR_TABLE + 16 * slot;
-  return (struct mbr_entry){e[0], e[4], le32(e + 8), le32(e + 12)};
+  return (struct mbr_entry){e[0], e[4], get_le32(e + 8), get_le32(e + 12)};
 }
 
 static bool mbr_signature(const uint8_t *sector) {
@@ -212,19 +205,19 @@ static int gpt_header(struct ctx *c, uint32_t ss, uint64_t lba,
   int r = read_at(c, lba * ss, s, ss);
   if (r != 0)
     return r < 0 ? r : 0;
-  uint32_t hsize = le32(s + 12);
+  uint32_t hsize = get_le32(s + 12);
   if (memcmp(s, "EFI PART", 8) != 0 || hsize < GPT_HEADER_MIN || hsize > ss)
     return 0;
-  uint32_t crc = le32(s + 16);
+  uint32_t crc = get_le32(s + 16);
   memset(s + 16, 0, 4);
-  if ((uint32_t)crc32(0, s, hsize) != crc || le64(s + 24) != lba)
+  if ((uint32_t)crc32(0, s, hsize) != crc || get_le64(s + 24) != lba)
     return 0;
-  *h = (struct gpt_header){.first_usable = le64(s + 40),
-                           .last_usable = le64(s + 48),
-                           .entries_lba = le64(s + 72),
-                           .nentries = le32(s + 80),
-                           .entry_size = le32(s + 84),
-                           .entries_crc = le32(s + 88)};
+  *h = (struct gpt_header){.first_usable = get_le64(s + 40),
+                           .last_usable = get_le64(s + 48),
+                           .entries_lba = get_le64(s + 72),
+                           .nentries = get_le32(s + 80),
+                           .entry_size = get_le32(s + 84),
+                           .entries_crc = get_le32(s + 88)};
   if (h->first_usable > h->last_usable || h->last_usable > last_lba ||
       h->entry_size < 128 || h->entry_size > 4096 || h->entry_size % 8 != 0 ||
       (uint64_t)h->nentries * h->entry_size > GPT_MAX_ARRAY ||
@@ -248,7 +241,7 @@ static void gpt_entries(struct ctx *c, uint32_t ss, const struct gpt_header *h,
     const uint8_t *e = a + (size_t)i * h->entry_size;
     if (all_zero(e, 16))
       continue; /* unused entry */
-    uint64_t first = le64(e + 32), last = le64(e + 40);
+    uint64_t first = get_le64(e + 32), last = get_le64(e + 40);
     if (first > last || last > last_lba) {
       warn(c, "GPT entry %u has sectors [%llu, %llu] outside the disk", i + 1,
            (unsigned long long)first, (unsigned long long)last);

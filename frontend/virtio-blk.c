@@ -2,11 +2,12 @@
 /* virtio-blk: feature bits, config space and request parsing (pure). */
 #include "virtio-blk.h"
 
-#include <endian.h>
 #include <linux/virtio_blk.h>
 #include <linux/virtio_config.h>
 #include <linux/virtio_ring.h>
 #include <string.h>
+
+#include "core/byteorder.h"
 
 #define BIT(n) (1ull << (n))
 
@@ -60,19 +61,6 @@ void vblk_dev_init(struct vblk_dev *dev, struct bd *bd, bool readonly,
   dev->features = device_features(dev);
 }
 
-static void put16(uint8_t *p, uint16_t v) {
-  v = htole16(v);
-  memcpy(p, &v, 2);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  v = htole32(v);
-  memcpy(p, &v, 4);
-}
-static void put64(uint8_t *p, uint64_t v) {
-  v = htole64(v);
-  memcpy(p, &v, 8);
-}
-
 static unsigned log2u(uint32_t v) {
   unsigned n = 0;
   while (v > 1) {
@@ -97,23 +85,23 @@ static uint32_t size_max(const struct vblk_dev *dev) {
 void vblk_config(const struct vblk_dev *dev, uint8_t cfg[VBLK_CONFIG_SIZE]) {
   const struct bd_caps *c = &dev->bd->caps;
   memset(cfg, 0, VBLK_CONFIG_SIZE);
-  put64(cfg + 0, dev->capacity);
-  put32(cfg + 8, size_max(dev));
-  put32(cfg + 12, dev->seg_max);
-  put32(cfg + 20, dev->blk_size);
+  put_le64(cfg + 0, dev->capacity);
+  put_le32(cfg + 8, size_max(dev));
+  put_le32(cfg + 12, dev->seg_max);
+  put_le32(cfg + 20, dev->blk_size);
   uint32_t phys = pow2_at_least(c->pref_block, dev->blk_size, 65536);
   cfg[24] = (uint8_t)log2u(phys / dev->blk_size);
-  put16(cfg + 26, (uint16_t)(phys / dev->blk_size));
+  put_le16(cfg + 26, (uint16_t)(phys / dev->blk_size));
   cfg[32] = c->can_flush;
-  put16(cfg + 34, dev->num_queues);
+  put_le16(cfg + 34, dev->num_queues);
   if (dev->features & BIT(VIRTIO_BLK_F_DISCARD)) {
-    put32(cfg + 36, VBLK_MAX_DWZ_SECTORS);
-    put32(cfg + 40, VBLK_MAX_DWZ_SEG);
-    put32(cfg + 44, dev->blk_size / VBLK_SECTOR);
+    put_le32(cfg + 36, VBLK_MAX_DWZ_SECTORS);
+    put_le32(cfg + 40, VBLK_MAX_DWZ_SEG);
+    put_le32(cfg + 44, dev->blk_size / VBLK_SECTOR);
   }
   if (dev->features & BIT(VIRTIO_BLK_F_WRITE_ZEROES)) {
-    put32(cfg + 48, VBLK_MAX_DWZ_SECTORS);
-    put32(cfg + 52, VBLK_MAX_DWZ_SEG);
+    put_le32(cfg + 48, VBLK_MAX_DWZ_SECTORS);
+    put_le32(cfg + 52, VBLK_MAX_DWZ_SEG);
     cfg[56] = c->can_trim;
   }
 }
@@ -205,14 +193,8 @@ static void parse_ranges(const struct vblk_dev *dev, const struct vq_chain *c,
   for (unsigned i = 0; i < p->nranges; i++) {
     uint8_t raw[16];
     gather(c->iov, c->n_out, 16 + 16 * (uint64_t)i, raw, 16);
-    uint64_t sector;
-    uint32_t count, flags;
-    memcpy(&sector, raw, 8);
-    memcpy(&count, raw + 8, 4);
-    memcpy(&flags, raw + 12, 4);
-    sector = le64toh(sector);
-    count = le32toh(count);
-    flags = le32toh(flags);
+    uint64_t sector = get_le64(raw);
+    uint32_t count = get_le32(raw + 8), flags = get_le32(raw + 12);
     if (flags & ~(uint32_t)VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP ||
         (discard && flags))
       return fail(p, VIRTIO_BLK_S_UNSUPP, "unknown range flags");
@@ -247,12 +229,9 @@ void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
     return fail(p, VIRTIO_BLK_S_IOERR, "request header too short");
   uint8_t hdr[16];
   gather(c->iov, c->n_out, 0, hdr, 16);
-  uint32_t type;
-  uint64_t sector;
-  memcpy(&type, hdr, 4);
-  memcpy(&sector, hdr + 8, 8);
-  p->type = type = le32toh(type);
-  sector = le64toh(sector);
+  uint32_t type = get_le32(hdr);
+  uint64_t sector = get_le64(hdr + 8);
+  p->type = type;
   switch (type) {
   case VIRTIO_BLK_T_IN:
     p->used_len = (uint32_t)c->in_bytes;

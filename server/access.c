@@ -3,19 +3,21 @@
 #include "access.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int acl_parse(const char *text, struct acl_rule *out, char *err,
-              size_t errlen) {
+#include "core/blockdev.h"
+
+int acl_parse(const char *text, struct acl_rule *out) {
   char host[INET6_ADDRSTRLEN + 1];
   const char *slash = strchr(text, '/');
   size_t hlen = slash ? (size_t)(slash - text) : strlen(text);
   if (hlen == 0 || hlen >= sizeof host) {
-    snprintf(err, errlen, "'%s' is not an address", text);
-    return -1;
+    bd_set_error("'%s' is not an address", text);
+    return -EINVAL;
   }
   memcpy(host, text, hlen);
   host[hlen] = 0;
@@ -27,15 +29,15 @@ int acl_parse(const char *text, struct acl_rule *out, char *err,
     out->family = AF_INET6;
     out->prefix = 128;
   } else {
-    snprintf(err, errlen, "'%s' is not an IPv4 or IPv6 address", host);
-    return -1;
+    bd_set_error("'%s' is not an IPv4 or IPv6 address", host);
+    return -EINVAL;
   }
   if (slash) {
     char *end;
     unsigned long p = strtoul(slash + 1, &end, 10);
     if (!slash[1] || *end || p > out->prefix) {
-      snprintf(err, errlen, "'%s': bad prefix length", text);
-      return -1;
+      bd_set_error("'%s': bad prefix length", text);
+      return -EINVAL;
     }
     out->prefix = (unsigned)p;
   }

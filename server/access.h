@@ -15,9 +15,9 @@ struct acl_rule {
   unsigned prefix;  /* 0-32 or 0-128 */
 };
 
-/* Parse "ADDR" or "ADDR/PREFIX" (IPv4 or IPv6).  Returns 0, or -1 with a
- * reason in ERR. */
-int acl_parse(const char *text, struct acl_rule *out, char *err, size_t errlen);
+/* Parse "ADDR" or "ADDR/PREFIX" (IPv4 or IPv6).  Returns 0, or -EINVAL
+ * with the reason in bd_errmsg(). */
+int acl_parse(const char *text, struct acl_rule *out);
 /* Whether the client at SA may connect: always with no rules; IPv4 clients
  * seen as IPv4-mapped IPv6 addresses match IPv4 rules. */
 bool acl_allows(const struct acl_rule *rules, size_t n,

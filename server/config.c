@@ -12,6 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/blockdev.h"
+#include "core/cleanup.h"
+
 enum key {
   K_PATH,
   K_FORMAT,
@@ -58,8 +61,7 @@ struct parser {
   bool in_section;          /* cfg's last export is the open section */
   unsigned key_line[NKEYS]; /* where the open section gave each key, or 0 */
   unsigned default_line;    /* the first "default = yes", or 0 */
-  char *err;
-  size_t errlen;
+  int error;                /* -EINVAL or -ENOMEM once a failure is recorded */
 };
 
 static bool is_blank(char c) {
@@ -115,13 +117,15 @@ fail(struct parser *p, unsigned line, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(reason, sizeof reason, fmt, ap);
   va_end(ap);
-  if (p->errlen)
-    snprintf(p->err, p->errlen, "%s:%u: %s", p->file, line, reason);
+  bd_set_error("%s:%u: %s", p->file, line, reason);
+  p->error = -EINVAL;
   return -1;
 }
 
 static int oom(struct parser *p) {
-  return fail(p, p->line, "out of memory");
+  fail(p, p->line, "out of memory");
+  p->error = -ENOMEM;
+  return -1;
 }
 
 /* Make room for element N of *V (elements of SIZE bytes).  The capacity is
@@ -426,7 +430,8 @@ static int set_default(struct parser *p, struct export_conf *e, char **v) {
 static int add_rule(struct parser *p, struct export_conf *e, const char *item) {
   char why[160];
   struct acl_rule rule;
-  if (acl_parse(item, &rule, why, sizeof why) < 0) {
+  if (acl_parse(item, &rule) < 0) {
+    snprintf(why, sizeof why, "%s", bd_errmsg());
     for (char *c = why; *c; c++)
       if ((unsigned char)*c < 0x20 || *c == 0x7f)
         *c = '?';
@@ -610,22 +615,17 @@ static int parse_lines(struct parser *p, const char *text, size_t len) {
 }
 
 int config_parse(const char *text, size_t len, const char *file,
-                 struct config *out, char *err, size_t errlen) {
-  struct parser p = {.file = file ? file : "(config)",
-                     .cfg = out,
-                     .err = err,
-                     .errlen = err ? errlen : 0};
+                 struct config *out) {
+  struct parser p = {.file = file ? file : "(config)", .cfg = out};
   const char *slash = strrchr(p.file, '/');
   p.has_dir = slash != NULL;
   p.dirlen = slash ? (size_t)(slash - p.file) : 0;
   memset(out, 0, sizeof *out);
-  if (p.errlen)
-    err[0] = 0;
   int r = parse_lines(&p, text, len);
   free(p.names.slot);
   if (r < 0)
     config_free(out);
-  return r;
+  return r < 0 ? (p.error ? p.error : -EINVAL) : 0;
 }
 
 /* Up to CONFIG_MAX_FILE + 1 bytes of FD into BUF; the count, or -1. */
@@ -644,28 +644,25 @@ static ssize_t read_all(int fd, char *buf) {
   return (ssize_t)n;
 }
 
-int config_load(const char *file, struct config *out, char *err,
-                size_t errlen) {
+int config_load(const char *file, struct config *out) {
   memset(out, 0, sizeof *out);
-  char *buf = malloc(CONFIG_MAX_FILE + 1);
+  CLEANUP_FREE char *buf = malloc(CONFIG_MAX_FILE + 1);
   if (!buf) {
-    snprintf(err, errlen, "%s: %s", file, strerror(ENOMEM));
-    return -1;
+    bd_set_error("%s: %s", file, strerror(ENOMEM));
+    return -ENOMEM;
   }
-  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  CLEANUP_CLOSE int fd = open(file, O_RDONLY | O_CLOEXEC);
   ssize_t n = fd < 0 ? -1 : read_all(fd, buf);
-  int saved = errno;
-  if (fd >= 0)
-    close(fd);
-  int r = -1;
-  if (n < 0)
-    snprintf(err, errlen, "%s: %s", file, strerror(saved));
-  else if ((size_t)n > CONFIG_MAX_FILE)
-    snprintf(err, errlen, "%s: larger than 1 MiB", file);
-  else
-    r = config_parse(buf, (size_t)n, file, out, err, errlen);
-  free(buf);
-  return r;
+  if (n < 0) {
+    int e = errno;
+    bd_set_error("%s: %s", file, strerror(e));
+    return -e;
+  }
+  if ((size_t)n > CONFIG_MAX_FILE) {
+    bd_set_error("%s: larger than 1 MiB", file);
+    return -EFBIG;
+  }
+  return config_parse(buf, (size_t)n, file, out);
 }
 
 void export_conf_free(struct export_conf *e) {

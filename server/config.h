@@ -37,14 +37,14 @@ struct config {
 /* Parse TEXT (LEN bytes, not necessarily NUL-terminated, may contain NUL
  * bytes which are an error) read from FILE (used for messages and to resolve
  * relative paths: its directory; FILE may be relative, e.g. "exports.conf",
- * then paths are relative to ".").  Returns 0, or -1 with "FILE:LINE: reason"
- * in ERR (always NUL-terminated) and OUT left empty.  OUT is overwritten,
- * not freed. */
+ * then paths are relative to ".").  Returns 0, or -EINVAL (-ENOMEM) with
+ * "FILE:LINE: reason" in bd_errmsg() and OUT left empty.  OUT is
+ * overwritten, not freed. */
 int config_parse(const char *text, size_t len, const char *file,
-                 struct config *out, char *err, size_t errlen);
-/* Read FILE and parse it; "FILE: strerror" on a read error.  Refuse files
- * larger than 1 MiB. */
-int config_load(const char *file, struct config *out, char *err, size_t errlen);
+                 struct config *out);
+/* Read FILE and parse it; -errno and "FILE: strerror" on a read error.
+ * Refuse files larger than 1 MiB (-EFBIG). */
+int config_load(const char *file, struct config *out);
 /* Safe on a zeroed or already-freed struct; leaves it zeroed. */
 void config_free(struct config *c);
 

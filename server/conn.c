@@ -20,9 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "core/cleanup.h"
 #include "core/log.h"
-#include "conn.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
 #include "tls.h"
@@ -246,12 +246,12 @@ static bool handshake(struct conn *c) {
       break;
   }
   const struct hs_export *he = &c->set->hs[hs.export_index];
-  c->tx = (struct nbd_tx){.size = he->size,
-                          .tflags = hs.tflags,
-                          .structured = hs.structured,
-                          .extended = hs.extended,
-                          .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
-                          .max_payload = max_payload(he)};
+  c->tx = (struct wire_tx){.size = he->size,
+                           .tflags = hs.tflags,
+                           .structured = hs.structured,
+                           .extended = hs.extended,
+                           .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
+                           .max_payload = max_payload(he)};
   c->ctx_base = hs.ctx_base;
   c->ctx_depth = hs.ctx_depth;
   ok = true;
@@ -414,22 +414,22 @@ static bool closing(struct conn *c) {
 }
 
 /* A parsed header: validate, then submit or wait for its payload. */
-static void handle_request(struct conn *c, const struct nbd_request *r) {
+static void handle_request(struct conn *c, const struct wire_request *r) {
   if (r->type == NBD_CMD_DISC) {
     log_debug("connection %u: disconnect requested", c->id);
     c->eof = true;
     return;
   }
-  if (nbd_request_overlong(&c->tx, r)) {
+  if (wire_request_overlong(&c->tx, r)) {
     log_info("connection %u (%s): payload of %llu bytes is above the "
              "maximum of %u; closing",
              c->id, c->peer, (unsigned long long)r->length, c->tx.max_payload);
     c->eof = true; /* the spec's hard disconnect, once requests in flight end */
     return;
   }
-  uint64_t payload = nbd_request_payload(&c->tx, r);
+  uint64_t payload = wire_request_payload(&c->tx, r);
   const char *msg = NULL;
-  uint32_t err = nbd_validate_request(&c->tx, r, &msg);
+  uint32_t err = wire_validate_request(&c->tx, r, &msg);
   if (!err && closing(c)) {
     err = NBD_ESHUTDOWN; /* not executed: the client may send it again */
     msg = "the server is shutting down";
@@ -508,7 +508,7 @@ static void process_input(struct conn *c) {
     }
     if (c->cur) {
       struct nreq *n = c->cur;
-      uint64_t need = nbd_request_payload(&c->tx, &n->r) - n->have;
+      uint64_t need = wire_request_payload(&c->tx, &n->r) - n->have;
       size_t take = need < avail ? (size_t)need : avail;
       memcpy(n->buf + n->have, c->rbuf + c->rstart, take);
       c->rstart += take;
@@ -526,9 +526,9 @@ static void process_input(struct conn *c) {
       c->held = avail > 0; /* parsed once budget frees, not after a read */
       break;
     }
-    struct nbd_request r;
+    struct wire_request r;
     int used =
-        nbd_parse_request(c->rbuf + c->rstart, avail, c->tx.extended, &r);
+        wire_parse_request(c->rbuf + c->rstart, avail, c->tx.extended, &r);
     if (used == 0)
       break;
     if (used < 0) {
@@ -576,7 +576,7 @@ static enum input read_input(struct conn *c) {
   ssize_t n;
   struct nreq *q = c->cur;
   if (q && c->rstart == c->rend) {
-    uint64_t total = nbd_request_payload(&c->tx, &q->r);
+    uint64_t total = wire_request_payload(&c->tx, &q->r);
     if (total - q->have >= RBUF_SIZE / 2) {
       n = conn_recv(c, q->buf + q->have, total - q->have);
       if (n > 0) {

@@ -25,7 +25,7 @@
 struct nreq {
   struct bd_req bdr;
   struct conn *c;
-  struct nbd_request r;
+  struct wire_request r;
   uint32_t error;     /* NBD error to answer with, when nonzero */
   const char *errmsg; /* static text for protocol errors */
   uint64_t cost;      /* bytes counted against the in-flight limit */
@@ -55,7 +55,7 @@ struct conn {
   struct export_set *set;       /* the exports it negotiated with */
   struct export *exp;           /* its choice, in set */
   struct bd_conn *bconn;        /* the device's per-connection state */
-  struct nbd_tx tx;
+  struct wire_tx tx;
   bool ctx_base, ctx_depth;
   struct conn *next; /* in srv->conns */
   /* After STARTTLS every byte goes through the session.  The sender

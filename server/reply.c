@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/log.h"
 #include "conn.h"
+#include "core/log.h"
 #include "handshake.h"
 #include "nbd-protocol.h"
 
@@ -20,15 +20,15 @@ static void iov_add(struct nreq *n, const void *base, size_t len) {
 
 static size_t chunk_hdr(struct nreq *n, uint8_t *p, uint16_t flags,
                         uint16_t type, uint64_t length) {
-  return nbd_put_chunk(p, n->c->tx.extended, flags, type, n->r.cookie,
-                       n->r.offset, length);
+  return wire_put_chunk(p, n->c->tx.extended, flags, type, n->r.cookie,
+                        n->r.offset, length);
 }
 
 void reply_error(struct nreq *n, uint32_t err, const char *msg) {
   n->niov = 0;
   n->total = 0;
   if (!n->c->tx.structured) {
-    iov_add(n, n->hdr, nbd_put_simple_reply(n->hdr, err, n->r.cookie));
+    iov_add(n, n->hdr, wire_put_simple_reply(n->hdr, err, n->r.cookie));
     return;
   }
   size_t mlen = msg ? strlen(msg) : 0;
@@ -48,7 +48,7 @@ static void reply_ok(struct nreq *n) {
   /* Without extended headers a simple reply is allowed for any command
    * that returns no data, structured replies or not. */
   if (!n->c->tx.extended)
-    iov_add(n, n->hdr, nbd_put_simple_reply(n->hdr, 0, n->r.cookie));
+    iov_add(n, n->hdr, wire_put_simple_reply(n->hdr, 0, n->r.cookie));
   else
     iov_add(n, n->hdr,
             chunk_hdr(n, n->hdr, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, 0));
@@ -59,16 +59,16 @@ static void reply_read(struct nreq *n) {
   n->niov = 0;
   n->total = 0;
   if (!n->c->tx.structured) {
-    iov_add(n, n->hdr, nbd_put_simple_reply(n->hdr, 0, n->r.cookie));
+    iov_add(n, n->hdr, wire_put_simple_reply(n->hdr, 0, n->r.cookie));
     iov_add(n, n->buf, len);
     return;
   }
-  struct nbd_run runs[READ_MAX_RUNS];
+  struct wire_run runs[READ_MAX_RUNS];
   size_t nruns;
   if (n->r.flags & NBD_CMD_FLAG_DF)
-    nruns = 1, runs[0] = (struct nbd_run){0, len, false};
+    nruns = 1, runs[0] = (struct wire_run){0, len, false};
   else
-    nruns = nbd_split_zero_runs(n->buf, len, runs, READ_MAX_RUNS);
+    nruns = wire_split_zero_runs(n->buf, len, runs, READ_MAX_RUNS);
   uint8_t *p = n->hdr;
   for (size_t i = 0; i < nruns; i++) {
     uint16_t flags = i + 1 == nruns ? NBD_REPLY_FLAG_DONE : 0;
@@ -178,7 +178,7 @@ void reply_build(struct nreq *n, int err) {
              c->id, c->peer, c->exp->name, n->r.type,
              (unsigned long long)n->r.offset, (unsigned long long)n->bdr.length,
              bd_errmsg());
-    reply_error(n, nbd_errno_from(err), bd_errmsg());
+    reply_error(n, wire_errno_from(err), bd_errmsg());
     return;
   }
   switch (n->r.type) {

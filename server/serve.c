@@ -27,12 +27,12 @@
 #include "config.h"
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/notify.h"
 #include "core/pool.h"
 #include "exports.h"
 #include "formats/formats.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
-#include "sd-daemon.h"
 #include "server.h"
 #include "tls.h"
 
@@ -244,9 +244,8 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
 
 /* Read the config file.  Returns 0, or -1 with the reason logged. */
 static int config_read(const struct serve_opts *o, struct config *cf) {
-  char err[512];
-  if (config_load(o->config, cf, err, sizeof err) < 0) {
-    log_error("%s", err);
+  if (config_load(o->config, cf) < 0) {
+    log_error("%s", bd_errmsg());
     return -1;
   }
   for (size_t i = 0; i < cf->n; i++)
@@ -338,7 +337,7 @@ static void reload(struct server *srv, const struct serve_opts *o) {
     log_info("SIGHUP: nothing to reload (no --config, no TLS)");
     return;
   }
-  sd_notify("RELOADING=1\nSTATUS=Reloading the configuration");
+  notify_send("RELOADING=1\nSTATUS=Reloading the configuration");
   struct tls_creds *cr = NULL;
   if (srv->tls != HS_TLS_OFF &&
       !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
@@ -360,7 +359,7 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   char msg[200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s",
            srv->current->n, srv->current->n == 1 ? "" : "s");
-  sd_notify(msg);
+  notify_send(msg);
 }
 
 /* Reloads run on their own thread: opening a new export can take a while
@@ -575,9 +574,11 @@ static void accept_one(struct server *srv, int lfd) {
 /* Take the sockets systemd passed, if any.  Returns their number, or -1
  * (an error, or a usage error: options that conflict with them). */
 static int take_activated(struct serve_opts *o, int *lfds) {
-  int n = sd_listen_fds(lfds, MAX_LISTENERS);
+  int n = listen_fds_take(lfds, MAX_LISTENERS);
+  if (n < 0)
+    log_error("%s", bd_errmsg());
   if (n <= 0)
-    return n;
+    return n < 0 ? -1 : 0;
   const char *opt = o->unix_path        ? "--unix"
                     : o->port           ? "--port"
                     : o->bind_addr      ? "--bind"
@@ -601,7 +602,7 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
   out[0] = '\0';
   for (int i = 0; i < nl && used + 1 < len; i++) {
     char one[160];
-    sd_describe_listener(lfds[i], one, sizeof one);
+    listen_fd_describe(lfds[i], one, sizeof one);
     int w = snprintf(out + used, len - used, "%s%s", i ? ", " : "", one);
     if (w < 0)
       break;
@@ -624,7 +625,7 @@ static void notify_ready(const struct server *srv, const char *where) {
   char msg[1200];
   snprintf(msg, sizeof msg, "READY=1\nSTATUS=Serving %zu export%s on %s",
            srv->current->n, srv->current->n == 1 ? "" : "s", where);
-  sd_notify(msg);
+  notify_send(msg);
 }
 
 /* Wait until every connection has ended, or the deadline passes. */
@@ -701,9 +702,8 @@ static int check_tls_opts(const struct serve_opts *o, enum hs_tls mode) {
 /* One --allow CIDR, added to the server's list. */
 static int add_allow(struct server *srv, const char *text) {
   struct acl_rule r;
-  char err[160];
-  if (acl_parse(text, &r, err, sizeof err) < 0) {
-    fprintf(stderr, "blockport serve: --allow %s\n", err);
+  if (acl_parse(text, &r) < 0) {
+    fprintf(stderr, "blockport serve: --allow %s\n", bd_errmsg());
     return -1;
   }
   struct acl_rule *n = realloc(srv->allow, (srv->nallow + 1) * sizeof *n);
@@ -979,7 +979,8 @@ int serve_main(int argc, char **argv) {
   if (activated < 0)
     return 1;
   nl = activated;
-  sd_notify_init();
+  if (notify_init() < 0)
+    log_warn("%s; not notifying systemd", bd_errmsg());
   if (!activated && !o.unix_path && !o.port)
     o.port = "10809";
 
@@ -1052,7 +1053,7 @@ int serve_main(int argc, char **argv) {
   }
   pthread_setname_np(rl.thread, "bp-reload");
   ret = run(&srv, &rl, lfds, nl, sfd) < 0 ? 1 : 0;
-  sd_notify("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
+  notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
   /* A reload under way finishes first (opening images is bounded). */
   reloader_poke(&rl, true);
   pthread_join(rl.thread, NULL);

@@ -6,8 +6,8 @@
 
 #include "nbd-protocol.h"
 
-int nbd_parse_request(const uint8_t *buf, size_t avail, bool extended,
-                      struct nbd_request *req) {
+int wire_parse_request(const uint8_t *buf, size_t avail, bool extended,
+                       struct wire_request *req) {
   size_t need = extended ? NBD_EXTENDED_REQUEST_SIZE : NBD_REQUEST_SIZE;
   if (avail < 4)
     return 0;
@@ -24,8 +24,8 @@ int nbd_parse_request(const uint8_t *buf, size_t avail, bool extended,
   return (int)need;
 }
 
-uint64_t nbd_request_payload(const struct nbd_tx *tx,
-                             const struct nbd_request *req) {
+uint64_t wire_request_payload(const struct wire_tx *tx,
+                              const struct wire_request *req) {
   /* With extended headers the flag alone says whether a payload follows,
    * for any command: a WRITE without it has none (and is refused). */
   if (tx->extended)
@@ -33,15 +33,15 @@ uint64_t nbd_request_payload(const struct nbd_tx *tx,
   return req->type == NBD_CMD_WRITE ? req->length : 0;
 }
 
-bool nbd_request_overlong(const struct nbd_tx *tx,
-                          const struct nbd_request *req) {
+bool wire_request_overlong(const struct wire_tx *tx,
+                           const struct wire_request *req) {
   return tx->extended && (req->flags & NBD_CMD_FLAG_PAYLOAD_LEN) &&
          req->length > tx->max_payload;
 }
 
 /* Flags each command accepts; FUA is accepted (and ignored) everywhere the
  * spec lets clients send it. */
-static uint16_t allowed_flags(const struct nbd_tx *tx, uint16_t type) {
+static uint16_t allowed_flags(const struct wire_tx *tx, uint16_t type) {
   uint16_t fua = (tx->tflags & NBD_FLAG_SEND_FUA) ? NBD_CMD_FLAG_FUA : 0;
   uint16_t plen = tx->extended ? NBD_CMD_FLAG_PAYLOAD_LEN : 0;
   switch (type) {
@@ -66,8 +66,9 @@ static bool is_write(uint16_t type) {
          type == NBD_CMD_WRITE_ZEROES;
 }
 
-uint32_t nbd_validate_request(const struct nbd_tx *tx,
-                              const struct nbd_request *req, const char **msg) {
+uint32_t wire_validate_request(const struct wire_tx *tx,
+                               const struct wire_request *req,
+                               const char **msg) {
   uint16_t type = req->type;
   if (type > NBD_CMD_BLOCK_STATUS || type == NBD_CMD_DISC) {
     *msg = "unknown command";
@@ -130,7 +131,7 @@ uint32_t nbd_validate_request(const struct nbd_tx *tx,
   return 0;
 }
 
-uint32_t nbd_errno_from(int negerr) {
+uint32_t wire_errno_from(int negerr) {
   switch (-negerr) {
   case 0: return 0;
   case EPERM:
@@ -147,15 +148,15 @@ uint32_t nbd_errno_from(int negerr) {
   }
 }
 
-size_t nbd_put_simple_reply(uint8_t *p, uint32_t error, uint64_t cookie) {
+size_t wire_put_simple_reply(uint8_t *p, uint32_t error, uint64_t cookie) {
   put_be32(p, NBD_SIMPLE_REPLY_MAGIC);
   put_be32(p + 4, error);
   put_be64(p + 8, cookie);
   return NBD_SIMPLE_REPLY_SIZE;
 }
 
-size_t nbd_put_chunk(uint8_t *p, bool extended, uint16_t flags, uint16_t type,
-                     uint64_t cookie, uint64_t offset, uint64_t length) {
+size_t wire_put_chunk(uint8_t *p, bool extended, uint16_t flags, uint16_t type,
+                      uint64_t cookie, uint64_t offset, uint64_t length) {
   put_be16(p + 4, flags);
   put_be16(p + 6, type);
   put_be64(p + 8, cookie);
@@ -182,8 +183,8 @@ static bool all_zero(const uint8_t *p, uint64_t n) {
   return memcmp(p, p + 1, n - 1) == 0;
 }
 
-size_t nbd_split_zero_runs(const uint8_t *buf, uint64_t len,
-                           struct nbd_run *runs, size_t maxruns) {
+size_t wire_split_zero_runs(const uint8_t *buf, uint64_t len,
+                            struct wire_run *runs, size_t maxruns) {
   size_t n = 0;
   uint64_t off = 0;
   if (maxruns == 0)
@@ -199,7 +200,7 @@ size_t nbd_split_zero_runs(const uint8_t *buf, uint64_t len,
       runs[n - 1].length = len - runs[n - 1].offset;
       return n;
     } else {
-      runs[n++] = (struct nbd_run){off, step, hole};
+      runs[n++] = (struct wire_run){off, step, hole};
     }
     off += step;
   }

@@ -9,7 +9,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct nbd_request {
+#include "core/byteorder.h"
+
+struct wire_request {
   uint16_t flags;
   uint16_t type;
   uint64_t cookie;
@@ -18,7 +20,7 @@ struct nbd_request {
 };
 
 /* What validation needs to know about the connection. */
-struct nbd_tx {
+struct wire_tx {
   uint64_t size;
   uint32_t tflags;      /* transmission flags sent to the client */
   bool structured;      /* structured replies negotiated */
@@ -31,66 +33,44 @@ struct nbd_tx {
 /* Parse one request header at BUF.  Returns the header size consumed, 0 if
  * AVAIL is too short, or -1 if the magic is wrong for the negotiated header
  * style (the stream is then unusable). */
-int nbd_parse_request(const uint8_t *buf, size_t avail, bool extended,
-                      struct nbd_request *req);
+int wire_parse_request(const uint8_t *buf, size_t avail, bool extended,
+                       struct wire_request *req);
 
 /* Bytes of payload that follow the header on the wire: with extended
  * headers, LENGTH when NBD_CMD_FLAG_PAYLOAD_LEN is set (any command), else
  * none; with compact headers, LENGTH for NBD_CMD_WRITE only. */
-uint64_t nbd_request_payload(const struct nbd_tx *tx,
-                             const struct nbd_request *req);
+uint64_t wire_request_payload(const struct wire_tx *tx,
+                              const struct wire_request *req);
 
 /* An extended request announcing a payload larger than the advertised
  * maximum: the spec says the server SHOULD hard-disconnect rather than
  * read it. */
-bool nbd_request_overlong(const struct nbd_tx *tx,
-                          const struct nbd_request *req);
+bool wire_request_overlong(const struct wire_tx *tx,
+                           const struct wire_request *req);
 
 /* Check a request against the spec and the export.  Returns 0, or the NBD
  * error to reply with and a message in *MSG. */
-uint32_t nbd_validate_request(const struct nbd_tx *tx,
-                              const struct nbd_request *req, const char **msg);
+uint32_t wire_validate_request(const struct wire_tx *tx,
+                               const struct wire_request *req,
+                               const char **msg);
 
 /* Map a negative errno from the block device to an NBD error. */
-uint32_t nbd_errno_from(int negerr);
+uint32_t wire_errno_from(int negerr);
 
 /* Reply headers; each returns the number of bytes written at P. */
-size_t nbd_put_simple_reply(uint8_t *p, uint32_t error, uint64_t cookie);
-size_t nbd_put_chunk(uint8_t *p, bool extended, uint16_t flags, uint16_t type,
-                     uint64_t cookie, uint64_t offset, uint64_t length);
-#define NBD_MAX_CHUNK_HEADER 32
+size_t wire_put_simple_reply(uint8_t *p, uint32_t error, uint64_t cookie);
+size_t wire_put_chunk(uint8_t *p, bool extended, uint16_t flags, uint16_t type,
+                      uint64_t cookie, uint64_t offset, uint64_t length);
+#define WIRE_MAX_CHUNK_HEADER 32
 
 /* Runs of zero blocks in a read buffer, so reads can answer with holes.
  * Fills at most MAXRUNS {offset, length, is_hole} runs covering the buffer
  * and returns their number.  Granularity is 4 KiB. */
-struct nbd_run {
+struct wire_run {
   uint64_t offset, length;
   bool hole;
 };
-size_t nbd_split_zero_runs(const uint8_t *buf, uint64_t len,
-                           struct nbd_run *runs, size_t maxruns);
-
-/* Big-endian helpers. */
-static inline void put_be16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-}
-static inline void put_be32(uint8_t *p, uint32_t v) {
-  put_be16(p, (uint16_t)(v >> 16));
-  put_be16(p + 2, (uint16_t)v);
-}
-static inline void put_be64(uint8_t *p, uint64_t v) {
-  put_be32(p, (uint32_t)(v >> 32));
-  put_be32(p + 4, (uint32_t)v);
-}
-static inline uint16_t get_be16(const uint8_t *p) {
-  return (uint16_t)((p[0] << 8) | p[1]);
-}
-static inline uint32_t get_be32(const uint8_t *p) {
-  return ((uint32_t)get_be16(p) << 16) | get_be16(p + 2);
-}
-static inline uint64_t get_be64(const uint8_t *p) {
-  return ((uint64_t)get_be32(p) << 32) | get_be32(p + 4);
-}
+size_t wire_split_zero_runs(const uint8_t *buf, uint64_t len,
+                            struct wire_run *runs, size_t maxruns);
 
 #endif

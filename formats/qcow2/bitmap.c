@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/wire.h" /* get_be16/32/64 */
+#include "core/byteorder.h"
 #include "bitmap.h"
 #include "qcow2.h"
 

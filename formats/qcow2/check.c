@@ -18,7 +18,7 @@
 
 #include "core/blockdev.h"
 #include "core/io.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "check.h"
 #include "guard.h"
 #include "qcow2-internal.h"

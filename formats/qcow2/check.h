@@ -4,6 +4,7 @@
 #ifndef BLOCKPORT_QCOW2_CHECK_H
 #define BLOCKPORT_QCOW2_CHECK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/io.h"
-#include "server/wire.h" /* put_be16/32/64 */
+#include "core/byteorder.h"
 #include "create.h"
 #include "qcow2.h"
 

@@ -10,7 +10,7 @@
 #include "core/blockdev.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "qcow2-internal.h"
 #include "snapshot.h"
 

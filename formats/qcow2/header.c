@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "server/wire.h" /* get_be16/32/64 */
+#include "core/byteorder.h"
 #include "qcow2.h"
 
 int qcow2_errf(char *err, size_t errlen, int code, const char *fmt, ...) {

@@ -18,6 +18,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/byteorder.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/io.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "check.h"
 #include "qcow2-internal.h"
 

@@ -13,7 +13,7 @@
 
 #include "core/blockdev.h"
 #include "core/io.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "bitmap.h"
 #include "qcow2-internal.h"
 #include "refs.h"

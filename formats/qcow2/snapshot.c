@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/wire.h" /* get_be32/64 */
+#include "core/byteorder.h"
 #include "qcow2.h"
 #include "snapshot.h"
 

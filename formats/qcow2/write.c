@@ -21,7 +21,7 @@
 #include "core/blockdev.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "server/wire.h"
+#include "core/byteorder.h"
 #include "check.h"
 #include "guard.h"
 #include "qcow2-internal.h"

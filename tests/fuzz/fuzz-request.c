@@ -3,7 +3,7 @@
  * (server/wire.c).
  *
  * The input is parsed as a request header in both header styles; a parsed
- * request is checked with nbd_request_payload() and nbd_validate_request()
+ * request is checked with wire_request_payload() and wire_validate_request()
  * against several connection variants, and what validation accepts must be
  * safe to execute.  The input, and a buffer of blocks derived from it, are
  * also split into zero runs, which must cover the buffer exactly. */
@@ -20,7 +20,7 @@
    NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_CACHE |     \
    NBD_FLAG_SEND_FAST_ZERO)
 
-static const struct nbd_tx txs[] = {
+static const struct wire_tx txs[] = {
     /* simple replies */
     {.size = 1u << 20, .tflags = RW_FLAGS, .max_payload = 65536},
     /* structured replies with one context */
@@ -51,20 +51,20 @@ static bool is_write(uint16_t t) {
   return t == NBD_CMD_WRITE || t == NBD_CMD_TRIM || t == NBD_CMD_WRITE_ZEROES;
 }
 
-static void check_request(const struct nbd_tx *tx,
-                          const struct nbd_request *r) {
-  uint64_t payload = nbd_request_payload(tx, r);
+static void check_request(const struct wire_tx *tx,
+                          const struct wire_request *r) {
+  uint64_t payload = wire_request_payload(tx, r);
   bool plen = r->flags & NBD_CMD_FLAG_PAYLOAD_LEN;
   if (tx->extended)
     CHECK(payload == (plen ? r->length : 0));
   else
     CHECK(payload == (r->type == NBD_CMD_WRITE ? r->length : 0));
   /* Overlong is the extended, announced payload above the maximum only. */
-  CHECK(nbd_request_overlong(tx, r) ==
+  CHECK(wire_request_overlong(tx, r) ==
         (tx->extended && plen && r->length > tx->max_payload));
 
   const char *msg = NULL;
-  uint32_t err = nbd_validate_request(tx, r, &msg);
+  uint32_t err = wire_validate_request(tx, r, &msg);
   if (err != 0) {
     CHECK(msg != NULL && msg[0] != 0);
     CHECK(err == NBD_EINVAL || err == NBD_EPERM || err == NBD_ENOSPC ||
@@ -102,17 +102,17 @@ static void check_request(const struct nbd_tx *tx,
     CHECK(r->length <= tx->max_payload);
 }
 
-static void check_replies(const struct nbd_request *r, bool extended) {
-  uint8_t b[NBD_MAX_CHUNK_HEADER + 8];
+static void check_replies(const struct wire_request *r, bool extended) {
+  uint8_t b[WIRE_MAX_CHUNK_HEADER + 8];
   memset(b, 0xa5, sizeof b);
-  CHECK(nbd_put_simple_reply(b, (uint32_t)r->offset, r->cookie) == 16);
+  CHECK(wire_put_simple_reply(b, (uint32_t)r->offset, r->cookie) == 16);
   CHECK(get_be32(b) == NBD_SIMPLE_REPLY_MAGIC);
   CHECK(get_be64(b + 8) == r->cookie);
   CHECK(b[16] == 0xa5);
   memset(b, 0xa5, sizeof b);
-  size_t n = nbd_put_chunk(b, extended, r->flags, r->type, r->cookie, r->offset,
-                           r->length);
-  CHECK(n == (extended ? 32u : 20u) && n <= NBD_MAX_CHUNK_HEADER);
+  size_t n = wire_put_chunk(b, extended, r->flags, r->type, r->cookie,
+                            r->offset, r->length);
+  CHECK(n == (extended ? 32u : 20u) && n <= WIRE_MAX_CHUNK_HEADER);
   CHECK(b[n] == 0xa5);
   CHECK(get_be32(b) ==
         (extended ? NBD_EXTENDED_REPLY_MAGIC : NBD_STRUCTURED_REPLY_MAGIC));
@@ -125,9 +125,9 @@ static void check_replies(const struct nbd_request *r, bool extended) {
 }
 
 static void check_runs(const uint8_t *buf, uint64_t len, size_t maxruns) {
-  struct nbd_run runs[16];
+  struct wire_run runs[16];
   CHECK(maxruns <= 16);
-  size_t n = nbd_split_zero_runs(buf, len, runs, maxruns);
+  size_t n = wire_split_zero_runs(buf, len, runs, maxruns);
   if (len == 0 || maxruns == 0) {
     CHECK(n == 0);
     return;
@@ -151,8 +151,8 @@ static void check_runs(const uint8_t *buf, uint64_t len, size_t maxruns) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int ext = 0; ext < 2; ext++) {
-    struct nbd_request r;
-    int n = nbd_parse_request(data, size, ext, &r);
+    struct wire_request r;
+    int n = wire_parse_request(data, size, ext, &r);
     CHECK(n == -1 || n == 0 || n == (ext ? 32 : 28));
     if (n > 0)
       CHECK((size_t)n <= size);
@@ -164,7 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(r.cookie == get_be64(data + 8) && r.offset == get_be64(data + 16));
     CHECK(r.length == (ext ? get_be64(data + 24) : get_be32(data + 24)));
     for (size_t i = 0; i < sizeof txs / sizeof txs[0]; i++) {
-      struct nbd_tx tx = txs[i];
+      struct wire_tx tx = txs[i];
       /* The header style must match what the request was parsed as. */
       tx.extended = ext;
       if (!ext)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Socket activation and readiness notification without libsystemd.  See
- * sd-daemon.h. */
-#include "sd-daemon.h"
+ * notify.h. */
+#include "notify.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,7 +15,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "core/log.h"
+#include "blockdev.h"
+#include "log.h"
 
 /* A decimal number without sign, spaces or trailing junk. */
 static bool parse_decimal(const char *s, long max, long *out) {
@@ -30,41 +31,42 @@ static bool parse_decimal(const char *s, long max, long *out) {
   return true;
 }
 
-int sd_parse_listen_env(const char *listen_pid, const char *listen_fds,
-                        pid_t self, int max, char *err, size_t errlen) {
+int listen_env_parse(const char *listen_pid, const char *listen_fds, pid_t self,
+                     int max) {
   long pid, n;
   if (!listen_pid || !listen_fds)
     return 0;
   if (!parse_decimal(listen_pid, 0x7fffffff, &pid)) {
-    snprintf(err, errlen, "LISTEN_PID=%s is not a process id", listen_pid);
-    return -1;
+    bd_set_error("LISTEN_PID=%s is not a process id", listen_pid);
+    return -EINVAL;
   }
   if (pid != (long)self)
     return 0; /* meant for another process, e.g. our parent */
   if (!parse_decimal(listen_fds, 0x7fffffff, &n)) {
-    snprintf(err, errlen, "LISTEN_FDS=%s is not a number", listen_fds);
-    return -1;
+    bd_set_error("LISTEN_FDS=%s is not a number", listen_fds);
+    return -EINVAL;
   }
   if (n > max) {
-    snprintf(err, errlen, "LISTEN_FDS=%ld: at most %d sockets are supported", n,
-             max);
-    return -1;
+    bd_set_error("LISTEN_FDS=%ld: at most %d sockets are supported", n, max);
+    return -EINVAL;
   }
   return (int)n;
 }
 
-int sd_check_listener(int fd, char *err, size_t errlen) {
+int listen_fd_check(int fd) {
   int type = 0, listening = 0, domain = 0;
   socklen_t l1 = sizeof type, l2 = sizeof listening, l3 = sizeof domain;
   if (fcntl(fd, F_GETFD) < 0) {
-    snprintf(err, errlen, "fd %d: %s", fd, strerror(errno));
-    return -1;
+    int e = errno;
+    bd_set_error("fd %d: %s", fd, strerror(e));
+    return -e;
   }
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l1) < 0 ||
       getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l2) < 0 ||
       getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l3) < 0) {
-    snprintf(err, errlen, "fd %d is not a socket: %s", fd, strerror(errno));
-    return -1;
+    int e = errno;
+    bd_set_error("fd %d is not a socket: %s", fd, strerror(e));
+    return -e;
   }
   const char *why = NULL;
   if (domain != AF_UNIX && domain != AF_INET && domain != AF_INET6)
@@ -74,8 +76,8 @@ int sd_check_listener(int fd, char *err, size_t errlen) {
   else if (!listening)
     why = "not listening (Accept=yes is not supported)";
   if (why) {
-    snprintf(err, errlen, "fd %d: %s", fd, why);
-    return -1;
+    bd_set_error("fd %d: %s", fd, why);
+    return -EINVAL;
   }
   return 0;
 }
@@ -84,37 +86,41 @@ static int take_fd(int fd) {
   int fl = fcntl(fd, F_GETFL), fdfl = fcntl(fd, F_GETFD);
   if (fl < 0 || fdfl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
       fcntl(fd, F_SETFD, fdfl | FD_CLOEXEC) < 0) {
-    log_error("socket activation: fd %d: %s", fd, strerror(errno));
-    return -1;
+    int e = errno;
+    bd_set_error("socket activation: fd %d: %s", fd, strerror(e));
+    return -e;
   }
   return 0;
 }
 
-int sd_listen_fds(int *fds, int max) {
-  char err[160];
-  int n = sd_parse_listen_env(getenv("LISTEN_PID"), getenv("LISTEN_FDS"),
-                              getpid(), max, err, sizeof err);
+/* Prefix the message of the failure just reported with "socket activation". */
+static int activation_error(int err) {
+  char why[256];
+  snprintf(why, sizeof why, "%s", bd_errmsg()); /* bd_set_error overwrites */
+  bd_set_error("socket activation: %s", why);
+  return err;
+}
+
+int listen_fds_take(int *fds, int max) {
+  int n = listen_env_parse(getenv("LISTEN_PID"), getenv("LISTEN_FDS"), getpid(),
+                           max);
   unsetenv("LISTEN_PID");
   unsetenv("LISTEN_FDS");
   unsetenv("LISTEN_FDNAMES");
-  if (n < 0) {
-    log_error("socket activation: %s", err);
-    return -1;
-  }
+  if (n < 0)
+    return activation_error(n);
   for (int i = 0; i < n; i++) {
-    int fd = SD_LISTEN_FDS_START + i;
-    if (sd_check_listener(fd, err, sizeof err) < 0) {
-      log_error("socket activation: %s", err);
-      return -1;
-    }
-    if (take_fd(fd) < 0)
-      return -1;
+    int fd = LISTEN_FDS_START + i, r = listen_fd_check(fd);
+    if (r < 0)
+      return activation_error(r);
+    if ((r = take_fd(fd)) < 0)
+      return r;
     fds[i] = fd;
   }
   return n;
 }
 
-void sd_describe_listener(int fd, char *out, size_t len) {
+void listen_fd_describe(int fd, char *out, size_t len) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   char host[NI_MAXHOST], serv[NI_MAXSERV];
@@ -142,19 +148,18 @@ void sd_describe_listener(int fd, char *out, size_t len) {
 
 /* ---- readiness notification ---- */
 
-int sd_notify_addr(const char *spec, struct sockaddr_un *sa, socklen_t *len,
-                   char *err, size_t errlen) {
+int notify_parse_addr(const char *spec, struct sockaddr_un *sa,
+                      socklen_t *len) {
   size_t n = strlen(spec);
   *sa = (struct sockaddr_un){.sun_family = AF_UNIX};
   if (spec[0] != '/' && spec[0] != '@') {
-    snprintf(err, errlen,
-             "NOTIFY_SOCKET=%s: neither an absolute path nor '@' (abstract)",
-             spec);
-    return -1;
+    bd_set_error(
+        "NOTIFY_SOCKET=%s: neither an absolute path nor '@' (abstract)", spec);
+    return -EINVAL;
   }
   if (n < 2 || n > sizeof sa->sun_path - (spec[0] == '/')) {
-    snprintf(err, errlen, "NOTIFY_SOCKET=%s: bad length", spec);
-    return -1;
+    bd_set_error("NOTIFY_SOCKET=%s: bad length", spec);
+    return -EINVAL;
   }
   memcpy(sa->sun_path, spec, n);
   if (spec[0] == '@')
@@ -170,19 +175,21 @@ static struct {
   socklen_t len;
 } notify = {.fd = -1};
 
-void sd_notify_init(void) {
+int notify_init(void) {
   const char *spec = getenv("NOTIFY_SOCKET");
-  char err[160];
   if (!spec || notify.fd >= 0)
-    return;
-  if (sd_notify_addr(spec, &notify.sa, &notify.len, err, sizeof err) < 0)
-    log_warn("%s; not notifying systemd", err);
-  else if ((notify.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0)
-    log_warn("NOTIFY_SOCKET: %s; not notifying systemd", strerror(errno));
+    return 0;
+  int r = notify_parse_addr(spec, &notify.sa, &notify.len);
+  if (r == 0 &&
+      (notify.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
+    r = -errno;
+    bd_set_error("NOTIFY_SOCKET: %s", strerror(-r));
+  }
   unsetenv("NOTIFY_SOCKET");
+  return r;
 }
 
-void sd_notify(const char *msg) {
+void notify_send(const char *msg) {
   if (notify.fd < 0)
     return;
   ssize_t r;
