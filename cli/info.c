@@ -23,7 +23,6 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
-#include "commands.h"
 #include "core/byteorder.h"
 
 #define MAX_CHAIN 256
