@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Constructors of the sources blockport can open.  Each returns a struct bd
- * (see core/blockdev.h) or NULL with a message set by bd_set_error(). */
+/* Constructors of the sources blockport can open: the entries of the
+ * format table (registry.c); programs open through bd_open_with().  Each
+ * returns a struct bd (see core/blockdev.h) or NULL with a message set by
+ * bd_set_error(). */
 #ifndef BLOCKPORT_FORMATS_H
 #define BLOCKPORT_FORMATS_H
 

@@ -23,11 +23,11 @@
  * source's timeout (bd_open_opts.nbd_timeout) fails with EIO.  A
  * connection with requests in flight that hears nothing from the server
  * for as long is dropped as lost (a peer gone without closing the
- * socket).  The event thread
- * reconnects in the background, every 0.5 s doubling to 4 s (every 0.5 s
- * while requests wait), and refuses an export whose size changed.  After
- * a loss with completed writes not yet flushed, the next flush fails with
- * EIO: the server may have dropped them. */
+ * socket).  The event thread reconnects in the background, every 0.5 s
+ * doubling to 4 s (every 0.5 s while requests wait), and refuses an
+ * export whose size changed.  After a loss with completed writes not yet
+ * flushed, the next flush fails with EIO: the server may have dropped
+ * them. */
 #include <errno.h>
 #include <libnbd.h>
 #include <poll.h>
