@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,4 +30,15 @@ int cli_write_pid_file(const char *path) {
     return -1;
   }
   return 0;
+}
+
+void cli_error(const char *cmd, const char *file, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "blockport %s: ", cmd);
+  if (file)
+    fprintf(stderr, "%s: ", file);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
 }

@@ -9,4 +9,9 @@ int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
  * reader never sees it half written.  Returns 0, or -1 with a log line. */
 int cli_write_pid_file(const char *path);
 
+/* The one way the commands report an error: "blockport CMD: FILE: reason"
+ * on stderr, or "blockport CMD: reason" when FILE is NULL. */
+void cli_error(const char *cmd, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif
