@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "core/log.h"
+
 #include "config.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
@@ -81,6 +82,7 @@ struct build {
    * image locks are dropped meanwhile, and taken back if the build fails. */
   struct device **replaced;
   size_t nreplaced;
+  const struct bd_open_opts *open; /* NULL: the defaults */
 };
 
 __attribute__((format(printf, 3, 4))) static int
@@ -171,9 +173,13 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
     free(d);
     return fail(b, c, "out of memory");
   }
-  d->bd = bd_open_flags(c->path, fmt,
-                        (rw ? 0 : BD_OPEN_READONLY) |
-                            (b->o->share && !rw ? BD_OPEN_SHARE : 0));
+  struct bd_open_opts bo = BD_OPEN_OPTS_INIT;
+  if (b->open)
+    bo = *b->open;
+  bo.format = fmt;
+  bo.flags |=
+      (rw ? 0 : BD_OPEN_READONLY) | (b->o->share && !rw ? BD_OPEN_SHARE : 0);
+  d->bd = bd_open_with(c->path, &bo);
   d->key = strdup(b->keys[i]);
   d->spec = strdup(c->path);
   if (!d->bd || !d->key || !d->spec) {
@@ -386,9 +392,10 @@ static int build_all(struct build *b) {
 
 struct export_set *exports_build(struct server *srv, const struct config *cf,
                                  const struct exports_opts *o, char *err,
-                                 size_t errlen) {
+                                 size_t errlen,
+                                 const struct bd_open_opts *open) {
   struct export_set *s = calloc(1, sizeof *s);
-  struct build b = {srv, cf, o, s, NULL, err, errlen, NULL, 0};
+  struct build b = {srv, cf, o, s, NULL, err, errlen, NULL, 0, open};
   if (!s || cf->n == 0) {
     snprintf(err, errlen, "%s", s ? "no exports" : "out of memory");
     free(s);

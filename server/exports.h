@@ -14,8 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/blockdev.h"
 #include "access.h"
+#include "core/blockdev.h"
 #include "handshake.h"
 
 struct server;
@@ -66,12 +66,14 @@ struct exports_opts {
   const char *file; /* the config file, for messages; NULL: command line */
 };
 
-/* Open (or reuse from SRV's live devices) what CF declares.  Returns a set
- * holding one reference, or NULL with the reason in ERR; then nothing has
- * changed. */
+/* Open (or reuse from SRV's live devices) what CF declares, with the
+ * options OPEN (NULL: the defaults; its format and flags are replaced by
+ * each export's).  Returns a set holding one reference, or NULL with the
+ * reason in ERR; then nothing has changed. */
 struct export_set *exports_build(struct server *srv, const struct config *cf,
                                  const struct exports_opts *o, char *err,
-                                 size_t errlen);
+                                 size_t errlen,
+                                 const struct bd_open_opts *open);
 /* Make S the set new clients get, dropping the previous one.  Takes over
  * the caller's reference. */
 void exports_install(struct server *srv, struct export_set *s);
