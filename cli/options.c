@@ -37,8 +37,8 @@ static const struct shared_opt table[] = {
     {CO_FORMAT, 'f', "format", "FMT", 0, 0,
      "image format instead of probing: raw, qcow2"},
     {CO_WORKERS, 'w', "workers", "N", 1, BD_POOL_MAX_WORKERS,
-     "worker threads for blocking I/O, 1-1024 (default\n"
-     "%u)"},
+     "worker threads for blocking I/O, 1-1024\n"
+     "(default %u)"},
     {CO_PLUGIN, ID_PLUGIN, "plugin", "PLUGIN", 0, 0,
      "the source is an nbdkit plugin: a .so path or a\n"
      "name in nbdkit's plugin directory (memory,\n"
