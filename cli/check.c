@@ -12,6 +12,9 @@
 #include "formats/probe.h"
 #include "formats/qcow2/check.h"
 
+#include "cli.h"
+#include "commands.h"
+
 static const char check_usage[] =
     "Usage: blockport check [-U] [--repair leaks|all] IMAGE\n"
     "Check a qcow2 image's metadata as qemu-img check does: every host\n"
@@ -84,43 +87,41 @@ int check_main(int argc, char **argv) {
   if (optind + 1 != argc)
     return usage_error();
   if (share && repair != QCOW2_REPAIR_NONE) {
-    fprintf(stderr, "blockport check: --force-share opens read-only: it "
-                    "cannot be used with --repair\n");
+    cli_error("check", NULL,
+              "--force-share opens read-only: it cannot be used with "
+              "--repair");
     return 1;
   }
   const char *path = argv[optind];
   if (nbdsrc_is_uri(path)) {
-    fprintf(stderr,
-            "blockport check: %s: an NBD export shows only its guest data, "
-            "no image metadata to check (check the image on the server)\n",
-            path);
+    cli_error("check", path,
+              "an NBD export shows only its guest data, no image metadata "
+              "to check (check the image on the server)");
     return 63;
   }
   const char *fmt;
   if (probe_file(path, &fmt) < 0) {
-    fprintf(stderr, "blockport check: %s\n", bd_errmsg());
+    cli_error("check", NULL, "%s", bd_errmsg());
     return 1;
   }
   if (!probe_supported(fmt)) {
     probe_set_unsupported_error(path, fmt);
-    fprintf(stderr, "blockport check: %s\n", bd_errmsg());
+    cli_error("check", NULL, "%s", bd_errmsg());
     return 1;
   }
   if (strcmp(fmt, "qcow2") != 0) {
-    fprintf(stderr,
-            "blockport check: %s: a raw image has no metadata to check\n",
-            path);
+    cli_error("check", path, "a raw image has no metadata to check");
     return 63;
   }
   struct qcow2_check_result res;
   fflush(stdout);
   if (qcow2_check_path(path, repair, share, stdout, &res) < 0) {
-    fprintf(stderr, "blockport check: Check failed: %s\n", bd_errmsg());
+    cli_error("check", NULL, "Check failed: %s", bd_errmsg());
     return 1;
   }
   print_result(&res);
   if (res.check_errors) {
-    fprintf(stderr, "blockport check: Check failed\n");
+    cli_error("check", NULL, "Check failed");
     return 1;
   }
   return res.corruptions ? 2 : res.leaks ? 3 : 0;

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,4 +30,20 @@ int cli_write_pid_file(const char *path) {
     return -1;
   }
   return 0;
+}
+
+void cli_verror(const char *cmd, const char *file, const char *fmt,
+                va_list ap) {
+  fprintf(stderr, "blockport %s: ", cmd);
+  if (file)
+    fprintf(stderr, "%s: ", file);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+}
+
+void cli_error(const char *cmd, const char *file, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  cli_verror(cmd, file, fmt, ap);
+  va_end(ap);
 }

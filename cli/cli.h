@@ -3,10 +3,19 @@
 #ifndef BLOCKPORT_CLI_H
 #define BLOCKPORT_CLI_H
 
+#include <stdarg.h>
+
 /* A decimal number in [MIN, MAX].  Returns 0, or -1 when S is not one. */
 int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
 /* Write our pid to PATH atomically (a temporary file renamed over it), so a
  * reader never sees it half written.  Returns 0, or -1 with a log line. */
 int cli_write_pid_file(const char *path);
+
+/* The one way the commands report an error: "blockport CMD: FILE: reason"
+ * on stderr, or "blockport CMD: reason" when FILE is NULL. */
+void cli_error(const char *cmd, const char *file, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void cli_verror(const char *cmd, const char *file, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 #endif

@@ -18,6 +18,8 @@
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "formats/qcow2/create.h"
+
+#include "cli.h"
 #include "commands.h"
 
 #define CHUNK (2u * 1024 * 1024) /* bytes per request */
@@ -78,9 +80,9 @@ static void slot_done(struct bd_req *req, int err) {
   pthread_mutex_lock(&cp->lock);
   if (err < 0 && cp->err == 0) {
     cp->err = err;
-    fprintf(stderr, "blockport convert: %s at offset %llu: %s\n",
-            s->writing ? "write" : "read", (unsigned long long)req->offset,
-            bd_errmsg());
+    cli_error("convert", NULL, "%s at offset %llu: %s",
+              s->writing ? "write" : "read", (unsigned long long)req->offset,
+              bd_errmsg());
   }
   if (err == 0)
     cp->done += req->length;
@@ -188,15 +190,13 @@ static bool is_open_here(const char *path) {
  * truncation: a busy image is refused, never emptied. */
 static int create_dst(const char *path, const char *fmt, uint64_t size) {
   if (is_open_here(path)) {
-    fprintf(stderr,
-            "blockport convert: %s: the output is the input, or a file of "
-            "its backing chain\n",
-            path);
+    cli_error("convert", path,
+              "the output is the input, or a file of its backing chain");
     return -1;
   }
   int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* locks read */
   if (fd < 0) {
-    fprintf(stderr, "blockport convert: %s: %s\n", path, strerror(errno));
+    cli_error("convert", path, "%s", strerror(errno));
     return -1;
   }
   const char *why = NULL;
@@ -205,7 +205,7 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
   else if (ftruncate(fd, 0) < 0)
     why = strerror(errno);
   if (why) {
-    fprintf(stderr, "blockport convert: %s\n", why);
+    cli_error("convert", NULL, "%s", why);
     close(fd);
     return -1;
   }
@@ -224,7 +224,7 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
   }
   close(fd);
   if (r < 0)
-    fprintf(stderr, "blockport convert: %s: %s\n", path, err);
+    cli_error("convert", path, "%s", err);
   return r < 0 ? -1 : 0;
 }
 
@@ -235,23 +235,23 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
   cp.src =
       bd_open_flags(src_path, sfmt, share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!cp.src) {
-    fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
+    cli_error("convert", NULL, "%s", bd_errmsg());
     return 1;
   }
   int ret = 1;
   uint64_t size = cp.src->size;
   if (!strcmp(ofmt, "qcow2") && size % 512) {
-    fprintf(stderr,
-            "blockport convert: qcow2 needs a size that is a multiple "
-            "of 512 (%s has %llu bytes)\n",
-            src_path, (unsigned long long)size);
+    cli_error("convert", NULL,
+              "qcow2 needs a size that is a multiple of 512 (%s has %llu "
+              "bytes)",
+              src_path, (unsigned long long)size);
     goto out;
   }
   if (create_dst(dst_path, ofmt, size) < 0)
     goto out;
   cp.dst = bd_open(dst_path, ofmt, false);
   if (!cp.dst) {
-    fprintf(stderr, "blockport convert: %s\n", bd_errmsg());
+    cli_error("convert", NULL, "%s", bd_errmsg());
     goto out;
   }
   pthread_mutex_init(&cp.lock, NULL);
@@ -312,7 +312,7 @@ int convert_main(int argc, char **argv) {
     return 1;
   }
   if (compress && strcmp(ofmt, "qcow2") != 0) {
-    fprintf(stderr, "blockport convert: -c needs -O qcow2\n");
+    cli_error("convert", NULL, "-c needs -O qcow2");
     free(spec);
     return 1;
   }

@@ -15,6 +15,8 @@
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "formats/qcow2/create.h"
+
+#include "cli.h"
 #include "commands.h"
 
 static const char create_usage[] =
@@ -63,10 +65,9 @@ static int err_usage(const char *fmt, ...)
 static int err_usage(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("blockport create: ", stderr);
-  vfprintf(stderr, fmt, ap);
+  cli_verror("create", NULL, fmt, ap);
   va_end(ap);
-  fputs("\nTry 'blockport create --help'.\n", stderr);
+  fputs("Try 'blockport create --help'.\n", stderr);
   return -1;
 }
 
@@ -357,7 +358,7 @@ int create_main(int argc, char **argv) {
     a.q.backing_file = a.backing;
     a.q.backing_fmt = a.backing ? a.backing_fmt : NULL;
     if (qcow2_create_layout(&a.q, &l, err, sizeof err) < 0) {
-      fprintf(stderr, "blockport create: %s: %s\n", a.file, err);
+      cli_error("create", a.file, "%s", err);
       return 1;
     }
   }
@@ -379,16 +380,16 @@ int create_main(int argc, char **argv) {
    * write lock is ours: an image in use is refused, never emptied. */
   int fd = open(a.file, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    fprintf(stderr, "blockport create: %s: %s\n", a.file, strerror(errno));
+    cli_error("create", a.file, "%s", strerror(errno));
     return 1;
   }
   if (filelock_take(fd, a.file, FILELOCK_USE_WRITE, true) < 0) {
-    fprintf(stderr, "blockport create: %s\n", bd_errmsg());
+    cli_error("create", NULL, "%s", bd_errmsg());
     close(fd);
     return 1;
   }
   if (ftruncate(fd, 0) < 0) {
-    fprintf(stderr, "blockport create: %s: %s\n", a.file, strerror(errno));
+    cli_error("create", a.file, "%s", strerror(errno));
     close(fd);
     return 1;
   }
@@ -405,7 +406,7 @@ int create_main(int argc, char **argv) {
     snprintf(err, sizeof err, "%s", strerror(errno));
   }
   if (r < 0) {
-    fprintf(stderr, "blockport create: %s: %s\n", a.file, err);
+    cli_error("create", a.file, "%s", err);
     return 1;
   }
   return 0;

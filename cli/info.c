@@ -25,6 +25,9 @@
 #include "formats/qcow2/snapshot.h"
 #include "core/byteorder.h"
 
+#include "cli.h"
+#include "commands.h"
+
 #define MAX_CHAIN 256
 #define MAX_BITMAPS 65535
 #define MAX_BITMAP_DIR (64u * 1024 * 1024)
@@ -562,7 +565,7 @@ int info_main(int argc, char **argv) {
     switch (ch) {
     case 'f':
       if (strcmp(optarg, "raw") && strcmp(optarg, "qcow2")) {
-        fprintf(stderr, "blockport info: unknown format '%s'\n", optarg);
+        cli_error("info", NULL, "unknown format '%s'", optarg);
         return 1;
       }
       format = optarg;
@@ -570,7 +573,7 @@ int info_main(int argc, char **argv) {
     case 'j': json = true; break;
     case 'O':
       if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
-        fprintf(stderr, "blockport info: --output is human or json\n");
+        cli_error("info", NULL, "--output is human or json");
         return 1;
       }
       json = !strcmp(optarg, "json");
@@ -582,9 +585,9 @@ int info_main(int argc, char **argv) {
     }
   }
   if (optind + 1 != argc) {
-    fprintf(stderr, "blockport info: %s\n%s",
-            optind >= argc ? "no image given" : "more than one image given",
-            info_usage);
+    cli_error("info", NULL, "%s",
+              optind >= argc ? "no image given" : "more than one image given");
+    fputs(info_usage, stderr);
     return 1;
   }
 
@@ -592,7 +595,7 @@ int info_main(int argc, char **argv) {
    * error. */
   struct image *ims = calloc(MAX_CHAIN, sizeof *ims);
   if (!ims) {
-    fprintf(stderr, "blockport info: out of memory\n");
+    cli_error("info", NULL, "out of memory");
     return 1;
   }
   int n = 0, ret = 0;
@@ -602,7 +605,7 @@ int info_main(int argc, char **argv) {
     int r = read_image(path, format, im);
     n++;
     if (r < 0) {
-      fprintf(stderr, "blockport info: %s: %s\n", path, errbuf);
+      cli_error("info", path, "%s", errbuf);
       ret = 1;
       break;
     }
@@ -610,10 +613,8 @@ int info_main(int argc, char **argv) {
       break;
     format = im->h.backing_format[0] ? im->h.backing_format : NULL;
     if (format && strcmp(format, "raw") && strcmp(format, "qcow2")) {
-      fprintf(stderr,
-              "blockport info: %s: backing format '%s' is not "
-              "supported\n",
-              im->filename, format);
+      cli_error("info", im->filename, "backing format '%s' is not supported",
+                format);
       ret = 1;
       break;
     }
@@ -624,8 +625,8 @@ int info_main(int argc, char **argv) {
       for (int i = 0; i < n; i++)
         loop |= ims[i].dev == st.st_dev && ims[i].ino == st.st_ino;
     if (loop || n >= MAX_CHAIN) {
-      fprintf(stderr, "blockport info: %s: %s\n", im->filename,
-              loop ? "backing file loop" : "backing chain is too deep");
+      cli_error("info", im->filename, "%s",
+                loop ? "backing file loop" : "backing chain is too deep");
       ret = 1;
       break;
     }

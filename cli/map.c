@@ -7,6 +7,8 @@
 
 #include "core/blockdev.h"
 #include "formats/map.h"
+
+#include "cli.h"
 #include "commands.h"
 
 static const char map_usage[] =
@@ -50,8 +52,8 @@ static int walk(struct bd *bd, bool json) {
     printf("%-15s %-15s %-15s %s\n", "Offset", "Length", "Mapped to", "File");
   for (uint64_t off = 0; off < bd->size; off += next.length) {
     if (map_first(bd, 0, off, bd->size - off, &next) < 0 || !next.length) {
-      fprintf(stderr, "blockport map: at offset %llu: %s\n",
-              (unsigned long long)off, bd_errmsg());
+      cli_error("map", NULL, "at offset %llu: %s", (unsigned long long)off,
+                bd_errmsg());
       return 1;
     }
     if (have && mergeable(&cur, &next)) {
@@ -96,7 +98,7 @@ int map_main(int argc, char **argv) {
   struct bd *bd = bd_open_flags(argv[optind], fmt,
                                 share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!bd) {
-    fprintf(stderr, "blockport map: %s\n", bd_errmsg());
+    cli_error("map", NULL, "%s", bd_errmsg());
     return 1;
   }
   int r = walk(bd, json);

@@ -23,7 +23,11 @@
 #include "formats/formats.h"
 #include "frontend/fuse-mount.h"
 
-static const char mount_usage[] =
+#include "cli.h"
+#include "commands.h"
+#include "options.h"
+
+static const char mount_head[] =
     "Usage: blockport mount [OPTIONS] SOURCE MOUNTPOINT\n"
     "       blockport mount [OPTIONS] --plugin PLUGIN [KEY=VALUE...] "
     "MOUNTPOINT\n"
@@ -34,46 +38,40 @@ static const char mount_usage[] =
     "which then holds the disk as NAME and each partition of an MBR or GPT\n"
     "as NAME-p1, NAME-p2, ...; or a regular file, which becomes the disk.\n"
     "\n"
-    "      --plugin PLUGIN     the source is an nbdkit plugin: a .so path or\n"
-    "                          a name in nbdkit's plugin directory, with\n"
-    "                          its KEY=VALUE parameters\n"
-    "  -D NAME.FLAG=N          set an nbdkit plugin's debug flag\n"
-    "  -r, --readonly          refuse writes\n"
-    "  -f, --format FMT        image format instead of probing: raw, qcow2\n"
-    "  -n, --name NAME         the disk file's name (default: the image's\n"
-    "                          name without its extension, or the export's\n"
-    "                          name, or \"disk\")\n"
-    "      --no-partitions     do not expose partition files\n"
-    "      --cache MODE        none: every read and write goes to the source\n"
-    "                          (default); page: the kernel page cache keeps\n"
-    "                          what was read (the disk file and partition\n"
-    "                          files are then cached apart, as block devices)\n"
-    "  -t, --threads N         threads receiving FUSE requests (default 4)\n"
-    "  -w, --workers N         worker threads for image files (default 4)\n"
-    "  -C, --connections N     NBD connections (default 4 when the server\n"
-    "                          advertises multi-conn, otherwise 1)\n"
-    "      --timeout SECONDS   NBD: fail requests with EIO after this long\n"
-    "                          without the server (default 30; 0 waits)\n"
-    "      --l2-cache-size SIZE  qcow2 L2 cache (default 32M)\n"
-    "      --allow-other       let other users open the files (as root, or\n"
-    "                          with user_allow_other in /etc/fuse.conf)\n"
-    "      --foreground        stay in the foreground, logging to stderr\n"
-    "                          (default: return once the mount is live)\n"
-    "  -P, --pid-file FILE     write the pid once the mount is live\n"
-    "      --log-file FILE     where a daemon logs (default: nowhere)\n"
-    "  -v, --verbose           log more\n" LOG_USAGE
-    "  -h, --help              show this help\n"
+    "  -r, --readonly            refuse writes\n"
+    "  -n, --name NAME           the disk file's name (default: the image's\n"
+    "                            name without its extension, or the export's\n"
+    "                            name, or \"disk\")\n"
+    "      --no-partitions       do not expose partition files\n"
+    "      --cache MODE          none: every read and write goes to the "
+    "source\n"
+    "                            (default); page: the kernel page cache keeps\n"
+    "                            what was read (the disk file and partition\n"
+    "                            files are then cached apart, as block "
+    "devices)\n"
+    "  -t, --threads N           threads receiving FUSE requests (default 4)\n"
+    "      --allow-other         let other users open the files (as root, or\n"
+    "                            with user_allow_other in /etc/fuse.conf)\n"
+    "      --foreground          stay in the foreground, logging to stderr\n"
+    "                            (default: return once the mount is live)\n"
+    "      --log-file FILE       where a daemon logs (default: nowhere)\n";
+
+static const char mount_tail[] =
+    "  -h, --help                show this help\n"
     "\n"
     "Unmount with fusermount3 -u MOUNTPOINT, or SIGTERM/SIGINT: both flush\n"
     "first.\n";
 
+#define MOUNT_SHARED                                                           \
+  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_L2_CACHE | CO_NBD | CO_NBD_OLD |    \
+   CO_LOG | CO_PID_FILE)
+
 struct mount_opts {
-  const char *source, *mountpoint, *format, *name, *pid_file, *log_file;
-  const char *plugin;
+  struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
+  const char *source, *mountpoint, *name, *log_file;
   char *plugin_source; /* the source built from --plugin, owned */
   bool readonly, foreground, allow_other, no_partitions, direct_io;
-  unsigned threads, workers;
-  struct bd_open_opts open; /* -D, --connections, --timeout, L2 cache */
+  unsigned threads;
 };
 
 /* Shared with the signal thread and the live callback. */
@@ -301,11 +299,17 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
   s->fm = fm;
   bool stop = s->stop;
   pthread_mutex_unlock(&s->lock);
-  if (!fm)
+  if (!fm) {
+    log_error("%s", bd_errmsg());
     return 1;
+  }
   if (stop)
     fm_stop(fm);
-  int ret = fm_run(fm) < 0 ? 1 : 0;
+  int ret = 0;
+  if (fm_run(fm) < 0) {
+    log_error("%s", bd_errmsg());
+    ret = 1;
+  }
   pthread_mutex_lock(&s->lock);
   s->fm = NULL;
   pthread_mutex_unlock(&s->lock);
@@ -318,8 +322,8 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
 static int mount_run(const struct mount_opts *o) {
   struct mount_state s = {.o = o, .notify_fd = -1};
   pthread_mutex_init(&s.lock, NULL);
-  if (o->pid_file && !(s.pid_path = absolute(o->pid_file))) {
-    log_error("pid file %s: %s", o->pid_file, strerror(errno));
+  if (o->co.pid_file && !(s.pid_path = absolute(o->co.pid_file))) {
+    log_error("pid file %s: %s", o->co.pid_file, strerror(errno));
     return 1;
   }
   if (!o->foreground)
@@ -335,14 +339,11 @@ static int mount_run(const struct mount_opts *o) {
   }
   int ret = 1;
   struct bd *bd = NULL;
-  if (bd_pool_start(o->workers) < 0) {
+  if (bd_pool_start(o->co.workers) < 0) {
     log_error("cannot start the worker pool");
     goto out;
   }
-  struct bd_open_opts oo = o->open;
-  oo.format = o->format;
-  oo.flags = o->readonly ? BD_OPEN_READONLY : 0;
-  bd = bd_open_with(o->source, &oo);
+  bd = bd_open_with(o->source, &o->co.open);
   if (!bd) {
     log_error("%s", bd_errmsg());
     goto out;
@@ -368,123 +369,106 @@ out:
   return ret;
 }
 
+static void usage(FILE *f, const struct mount_opts *o) {
+  fputs(mount_head, f);
+  cli_opts_usage(f, &o->co);
+  fputs(mount_tail, f);
+}
+
 /* --plugin PLUGIN [KEY=VALUE...] MOUNTPOINT: the last argument is the
  * mount point, the others the plugin's parameters. */
 static int plugin_source(int argc, char **argv, struct mount_opts *o) {
+  const char *plugin = o->co.plugin;
   if (argc - optind < 1) {
-    fprintf(stderr, "blockport mount: expected MOUNTPOINT\n%s", mount_usage);
+    cli_error("mount", NULL, "expected MOUNTPOINT");
+    usage(stderr, o);
     return -1;
   }
   o->mountpoint = argv[argc - 1];
   o->source = o->plugin_source =
-      plugin_spec(o->plugin, argv + optind, argc - optind - 1);
+      plugin_spec(plugin, argv + optind, argc - optind - 1);
   if (!o->name)
-    o->name =
-        strchr(o->plugin, '/') || strchr(o->plugin, '.') ? "disk" : o->plugin;
+    o->name = strchr(plugin, '/') || strchr(plugin, '.') ? "disk" : plugin;
   return o->source ? 0 : -1;
 }
 
+enum {
+  OPT_CACHE = 256,
+  OPT_ALLOW_OTHER,
+  OPT_FOREGROUND,
+  OPT_LOG_FILE,
+  OPT_NO_PARTITIONS,
+};
+
+/* Mount's own options: 1 handled, 0 unknown, -1 a bad value. */
+static int own_option(struct mount_opts *o, int ch, const char *arg) {
+  switch (ch) {
+  case 'r': o->readonly = true; break;
+  case 'n': o->name = arg; break;
+  case OPT_NO_PARTITIONS: o->no_partitions = true; break;
+  case OPT_CACHE:
+    if (strcmp(arg, "none") != 0 && strcmp(arg, "page") != 0) {
+      cli_error("mount", NULL, "--cache %s: expected none or page", arg);
+      return -1;
+    }
+    o->direct_io = strcmp(arg, "none") == 0;
+    break;
+  case 't':
+    if (cli_parse_uint(arg, 1, 1024, &o->threads) < 0) {
+      cli_error("mount", NULL, "--threads %s: expected a number in 1-1024",
+                arg);
+      return -1;
+    }
+    break;
+  case OPT_ALLOW_OTHER: o->allow_other = true; break;
+  case OPT_FOREGROUND: o->foreground = true; break;
+  case OPT_LOG_FILE: o->log_file = arg; break;
+  default: return 0;
+  }
+  return 1;
+}
+
 static int parse_opts(int argc, char **argv, struct mount_opts *o) {
-  enum {
-    OPT_TIMEOUT = 256,
-    OPT_CACHE,
-    OPT_ALLOW_OTHER,
-    OPT_FOREGROUND,
-    OPT_LOG_FILE,
-    OPT_NO_PARTITIONS,
-    OPT_L2_CACHE,
-    OPT_PLUGIN,
-  };
-  static const struct option longopts[] = {
+  static const struct option own[] = {
       {"readonly", no_argument, NULL, 'r'},
-      {"format", required_argument, NULL, 'f'},
       {"name", required_argument, NULL, 'n'},
       {"no-partitions", no_argument, NULL, OPT_NO_PARTITIONS},
       {"cache", required_argument, NULL, OPT_CACHE},
       {"threads", required_argument, NULL, 't'},
-      {"workers", required_argument, NULL, 'w'},
-      {"connections", required_argument, NULL, 'C'},
-      {"timeout", required_argument, NULL, OPT_TIMEOUT},
-      {"l2-cache-size", required_argument, NULL, OPT_L2_CACHE},
-      {"plugin", required_argument, NULL, OPT_PLUGIN},
       {"allow-other", no_argument, NULL, OPT_ALLOW_OTHER},
       {"foreground", no_argument, NULL, OPT_FOREGROUND},
-      {"pid-file", required_argument, NULL, 'P'},
       {"log-file", required_argument, NULL, OPT_LOG_FILE},
-      {"verbose", no_argument, NULL, 'v'},
-      LOG_LONGOPTS,
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  int ch;
-  while ((ch = getopt_long(argc, argv, "rf:n:t:w:C:D:P:vh", longopts, NULL)) !=
-         -1) {
-    switch (ch) {
-    case OPT_PLUGIN: o->plugin = optarg; break;
-    case 'D':
-      if (plugin_debug_add(&o->open, optarg) < 0) {
-        fprintf(stderr, "blockport mount: %s\n", bd_errmsg());
-        return -1;
-      }
-      break;
-    case 'r': o->readonly = true; break;
-    case 'f': o->format = optarg; break;
-    case 'n': o->name = optarg; break;
-    case OPT_NO_PARTITIONS: o->no_partitions = true; break;
-    case OPT_CACHE:
-      if (strcmp(optarg, "none") != 0 && strcmp(optarg, "page") != 0)
-        goto bad;
-      o->direct_io = strcmp(optarg, "none") == 0;
-      break;
-    case 't':
-      if (cli_parse_uint(optarg, 1, 1024, &o->threads) < 0)
-        goto bad;
-      break;
-    case 'w':
-      if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
-        goto bad;
-      break;
-    case 'C':
-      if (cli_parse_uint(optarg, 1, 64, &o->open.nbd_connections) < 0)
-        goto bad;
-      break;
-    case OPT_TIMEOUT:
-      if (cli_parse_uint(optarg, 0, 86400, &o->open.nbd_timeout) < 0)
-        goto bad;
-      break;
-    case OPT_L2_CACHE:
-      if (bd_parse_size(optarg, &o->open.qcow2_l2_cache) < 0 ||
-          o->open.qcow2_l2_cache < 65536)
-        goto bad;
-      break;
-    case OPT_ALLOW_OTHER: o->allow_other = true; break;
-    case OPT_FOREGROUND: o->foreground = true; break;
-    case 'P': o->pid_file = optarg; break;
-    case OPT_LOG_FILE: o->log_file = optarg; break;
-    case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
-    case LOG_OPT_LEVEL:
-    case LOG_OPT_SYSLOG:
-      if (log_handle_option(ch, optarg) < 0) {
-        fprintf(stderr, "blockport mount: bad log level '%s'\n", optarg);
-        return -1;
-      }
-      break;
-    case 'h': fputs(mount_usage, stdout); exit(0);
-    default: fputs(mount_usage, stderr); return -1;
+  struct option lo[CLI_MAX_LONGOPTS];
+  char so[64];
+  cli_opts_tables(&o->co, own, "rn:t:h", lo, so);
+  int ch, r;
+  while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
+    if (ch == 'h') {
+      usage(stdout, o);
+      exit(0);
     }
+    if ((r = own_option(o, ch, optarg)) == 0 &&
+        (r = cli_opts_handle(&o->co, ch, optarg)) == 0) {
+      usage(stderr, o);
+      return -1;
+    }
+    if (r < 0)
+      return -1;
   }
-  if (o->plugin)
+  if (o->readonly)
+    o->co.open.flags |= BD_OPEN_READONLY;
+  if (o->co.plugin)
     return plugin_source(argc, argv, o);
   if (argc - optind != 2) {
-    fprintf(stderr, "blockport mount: expected SOURCE and MOUNTPOINT\n%s",
-            mount_usage);
+    cli_error("mount", NULL, "expected SOURCE and MOUNTPOINT");
+    usage(stderr, o);
     return -1;
   }
   o->source = argv[optind];
   o->mountpoint = argv[optind + 1];
   return 0;
-bad:
-  fprintf(stderr, "blockport mount: invalid value for option: %s\n", optarg);
-  return -1;
 }
 
 int mount_main(int argc, char **argv) {
@@ -492,10 +476,11 @@ int mount_main(int argc, char **argv) {
    * writes to one file serialise in the kernel): 1 MiB writes to a raw
    * file ran at 3 GB/s with 16 and 5 GB/s with 4.  Direct I/O: see
    * docs/ARCHITECTURE.md. */
-  struct mount_opts o = {
-      .threads = 4, .workers = 4, .direct_io = true, .open = BD_OPEN_OPTS_INIT};
-  int r = parse_opts(argc, argv, &o) < 0 ? 1 : mount_run(&o);
+  struct mount_opts o = {.threads = 4, .direct_io = true};
+  cli_opts_init(&o.co, "mount", MOUNT_SHARED, 4);
+  if (parse_opts(argc, argv, &o) < 0)
+    return 1;
+  int r = mount_run(&o);
   free(o.plugin_source);
-  plugin_debug_free(&o.open);
   return r;
 }

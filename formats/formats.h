@@ -39,10 +39,6 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o);
 /* Whether ARG is a -D NAME.FLAG=N setting: 0, or -EINVAL with a message in
  * bd_errmsg(); for command lines to refuse a bad one at once. */
 int plugin_check_debug_flag(const char *arg);
-/* Appends ARG, once checked, to O->plugin_debug, an array the caller
- * frees with plugin_debug_free().  0 or -errno with a message. */
-int plugin_debug_add(struct bd_open_opts *o, const char *arg);
-void plugin_debug_free(struct bd_open_opts *o);
 /* O->qcow2_l2_cache: per image of the chain; 0: QCOW2_L2_CACHE_DEFAULT. */
 struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
 /* 32 MiB maps 256 GiB of 64 KiB clusters. */

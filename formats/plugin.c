@@ -764,26 +764,6 @@ int plugin_check_debug_flag(const char *arg) {
   return 0;
 }
 
-int plugin_debug_add(struct bd_open_opts *o, const char *arg) {
-  if (plugin_check_debug_flag(arg) < 0)
-    return -EINVAL;
-  const char **v =
-      realloc((void *)o->plugin_debug, (o->n_plugin_debug + 1) * sizeof *v);
-  if (!v) {
-    bd_set_error("out of memory");
-    return -ENOMEM;
-  }
-  v[o->n_plugin_debug++] = arg;
-  o->plugin_debug = v;
-  return 0;
-}
-
-void plugin_debug_free(struct bd_open_opts *o) {
-  free((void *)o->plugin_debug);
-  o->plugin_debug = NULL;
-  o->n_plugin_debug = 0;
-}
-
 static bool same_name(const char *a, size_t alen, const char *b) {
   return strlen(b) == alen && strncmp(a, b, alen) == 0;
 }

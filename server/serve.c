@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* blockport serve: command line, exports, listening sockets, the accept
- * loop and an orderly shutdown on SIGTERM/SIGINT. */
+/* The NBD server running: exports, listening sockets, the accept loop,
+ * reloads on SIGHUP and an orderly shutdown on SIGTERM/SIGINT.  The
+ * command line is cli/serve.c. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <getopt.h>
-#include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,9 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/blockdev.h"
+#include "core/log.h"
+#include "core/pool.h"
+
 #include "access.h"
-#include "cli/cli.h"
-#include "cli/commands.h"
 #include "config.h"
 #include "core/blockdev.h"
 #include "core/log.h"
@@ -40,135 +41,6 @@
 /* How long a connection may stay after shutdown begins: its client sees
  * ESHUTDOWN on its next request and disconnects; an idle one is closed. */
 #define SHUTDOWN_GRACE_MS 2000
-
-struct serve_opts {
-  const char *unix_path;
-  const char *port;
-  const char *bind_addr;
-  const char *pid_file;
-  const char *format;
-  const char *plugin; /* --plugin: the arguments are its parameters */
-  bool readonly;
-  bool force_share;  /* -U: with --readonly, share images with writers */
-  char **ro_exports; /* --readonly-export NAME */
-  size_t n_ro_exports;
-  unsigned workers;
-  const char *tls_certs; /* --tls-certs DIR */
-  const char *tls_psk;   /* --tls-psk FILE */
-  bool tls_verify_peer;
-  int unix_mode;       /* --unix-mode, -1: as the umask makes it */
-  const char *metrics; /* --metrics ADDR:PORT */
-  const char *config;  /* --config FILE */
-  bool check_config;   /* --check-config: check the exports, then exit */
-  /* -L, -N, -T, -D */
-  struct bd_open_opts open;
-};
-
-/* Long options without a short form. */
-enum {
-  OPT_TLS = 1000,
-  OPT_TLS_CERTS,
-  OPT_TLS_PSK,
-  OPT_TLS_VERIFY,
-  OPT_ALLOW,
-  OPT_UNIX_MODE,
-  OPT_HANDSHAKE_TIMEOUT,
-  OPT_IDLE_TIMEOUT,
-  OPT_RO_EXPORT,
-  OPT_METRICS,
-  OPT_CONFIG,
-  OPT_CHECK_CONFIG
-};
-
-static const char serve_usage[] =
-    "Usage: blockport serve [OPTIONS] IMAGE...\n"
-    "       blockport serve [OPTIONS] --plugin PLUGIN [KEY=VALUE...]\n"
-    "       blockport serve [OPTIONS] --config FILE\n"
-    "Serve disk images over NBD (fixed newstyle).\n"
-    "\n"
-    "IMAGE is PATH or NAME=PATH; the first image is also the default export "
-    "\"\".\n"
-    "PATH is an image file (format probed from its content), null:SIZE\n"
-    "(reads zeroes, discards writes) or memory:SIZE (a sparse RAM disk).\n"
-    "With --plugin, the export is an nbdkit plugin: PLUGIN is a .so path or\n"
-    "a name in nbdkit's plugin directory (memory, pattern, file, ...), the\n"
-    "arguments its KEY=VALUE parameters, and its exports those it lists.\n"
-    "\n"
-    "  -u, --unix PATH           listen on a Unix socket\n"
-    "  -p, --port N              listen on TCP port N (default 10809 when no "
-    "--unix)\n"
-    "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
-    "all)\n"
-    "  -r, --readonly            refuse writes on every export\n"
-    "  -U, --force-share         with --readonly: open images that another\n"
-    "                            process writes (qemu-img's -U)\n"
-    "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
-    "                            more; \"\" is the default export)\n"
-    "  -f, --format FMT          image format instead of probing: raw, qcow2\n"
-    "  -w, --workers N           worker threads for blocking I/O (default "
-    "16)\n"
-    "  -c, --max-connections N   refuse clients beyond N (default 128)\n"
-    "      --max-requests N      requests in flight per connection (default "
-    "256)\n"
-    "      --max-inflight-bytes SIZE  payload in flight per connection "
-    "(default 64M)\n"
-    "      --l2-cache-size SIZE  qcow2 L2 cache per image (default 32M: maps "
-    "256G\n"
-    "                            of 64k clusters)\n"
-    "      --nbd-connections N   connections to each nbd:// source, 1-16\n"
-    "                            (default 0: 4 when its server allows "
-    "multi-conn,\n"
-    "                            else 1)\n"
-    "      --nbd-timeout SECONDS how long a request waits for a lost nbd://\n"
-    "                            server to come back, and how long a server "
-    "may\n"
-    "                            leave requests unanswered, before they "
-    "fail\n"
-    "                            with EIO (default 30; 0: forever)\n"
-    "      --plugin PLUGIN       serve an nbdkit plugin (see above)\n"
-    "      --config FILE         serve the exports FILE declares, with their\n"
-    "                            own read-only, TLS and allow settings; "
-    "SIGHUP\n"
-    "                            reads it again (format: docs/CONFIG.md)\n"
-    "      --check-config        check the exports as a start would (the "
-    "file,\n"
-    "                            TLS settings, every image opened "
-    "read-only),\n"
-    "                            print them and exit: 0 good, 1 a bad file\n"
-    "                            or option, or an image that cannot be opened\n"
-    "      --tls off|on|require  TLS (STARTTLS): off (default), on (plain "
-    "and\n"
-    "                            TLS clients) or require (no option but "
-    "ABORT\n"
-    "                            and STARTTLS answered before TLS)\n"
-    "      --tls-certs DIR       X.509: DIR/server-cert.pem, "
-    "server-key.pem,\n"
-    "                            ca-cert.pem, ca-crl.pem (as QEMU and nbdkit\n"
-    "                            lay them out); SIGHUP loads them again\n"
-    "      --tls-verify-peer     require client certificates signed by "
-    "ca-cert.pem\n"
-    "      --tls-psk FILE        pre-shared keys: username:hexkey lines "
-    "(psktool)\n"
-    "  -D NAME.FLAG=N            set an nbdkit plugin's debug flag "
-    "NAME_debug_FLAG\n"
-    "      --allow CIDR          admit TCP clients from CIDR only (repeat for\n"
-    "                            more; IPv4 or IPv6; default: everyone)\n"
-    "      --unix-mode MODE      permissions of the Unix socket (octal)\n"
-    "      --handshake-timeout SECONDS  close a client whose handshake takes\n"
-    "                            longer (default 10; 0: no limit)\n"
-    "      --idle-timeout SECONDS  close a client with nothing in flight\n"
-    "                            that sends nothing for this long (default 0:\n"
-    "                            never)\n"
-    "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
-    "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
-    "  -P, --pid-file FILE       write the pid once connections are accepted\n"
-    "  -v, --verbose             log every connection and option\n" LOG_USAGE
-    "  -h, --help                show this help\n"
-    "\n"
-    "Started by systemd socket activation (LISTEN_PID, LISTEN_FDS), it serves\n"
-    "on the sockets it was given; --unix, --port, --bind and --unix-mode are\n"
-    "then refused.  With NOTIFY_SOCKET set (systemd Type=notify), it sends\n"
-    "READY=1 once clients can connect and STOPPING=1 when shutting down.\n";
 
 /* ---- exports ---- */
 
@@ -260,15 +132,15 @@ static int config_read(const struct serve_opts *o, struct config *cf) {
 /* Open what CF declares and make it current. */
 static int exports_open(struct server *srv, const struct config *cf,
                         const struct serve_opts *o) {
-  struct exports_opts eo = {.format = o->format,
+  struct exports_opts eo = {.format = o->open ? o->open->format : NULL,
                             .readonly = o->readonly,
                             .share = o->force_share,
                             .ro_names = o->ro_exports,
                             .n_ro_names = o->n_ro_exports,
-                            .plugin = o->plugin != NULL,
+                            .plugin = o->plugin,
                             .file = o->config};
   char err[1024];
-  struct export_set *s = exports_build(srv, cf, &eo, err, sizeof err, &o->open);
+  struct export_set *s = exports_build(srv, cf, &eo, err, sizeof err, o->open);
   if (!s) {
     log_error("%s", err);
     return -1;
@@ -340,11 +212,12 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   notify_send("RELOADING=1\nSTATUS=Reloading the configuration");
   struct tls_creds *cr = NULL;
   if (srv->tls != HS_TLS_OFF &&
-      !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+      !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk))) {
+    log_error("%s", bd_errmsg());
     log_error("reload: TLS credentials cannot be loaded; keeping the "
               "current ones%s",
               o->config ? " and the current exports" : "");
-  else if (o->config && !reload_exports(srv, o))
+  } else if (o->config && !reload_exports(srv, o))
     log_error("reload of %s failed; keeping the current configuration%s",
               o->config, cr ? " and TLS credentials" : "");
   else if (cr) {
@@ -573,7 +446,7 @@ static void accept_one(struct server *srv, int lfd) {
 
 /* Take the sockets systemd passed, if any.  Returns their number, or -1
  * (an error, or a usage error: options that conflict with them). */
-static int take_activated(struct serve_opts *o, int *lfds) {
+static int take_activated(const struct serve_opts *o, int *lfds) {
   int n = listen_fds_take(lfds, MAX_LISTENERS);
   if (n < 0)
     log_error("%s", bd_errmsg());
@@ -585,10 +458,9 @@ static int take_activated(struct serve_opts *o, int *lfds) {
                     : o->unix_mode >= 0 ? "--unix-mode"
                                         : NULL;
   if (opt) {
-    fprintf(stderr,
-            "blockport serve: %s cannot be used with socket activation "
-            "(LISTEN_FDS=%d): the sockets come from systemd\n",
-            opt, n);
+    log_error("%s cannot be used with socket activation (LISTEN_FDS=%d): "
+              "the sockets come from systemd",
+              opt, n);
     for (int i = 0; i < n; i++)
       close(lfds[i]);
     return -1;
@@ -672,306 +544,69 @@ static int run(struct server *srv, struct reloader *rl, int *lfds, int nl,
   }
 }
 
-static int parse_tls_mode(const char *s, enum hs_tls *mode) {
-  if (!strcmp(s, "off"))
-    *mode = HS_TLS_OFF;
-  else if (!strcmp(s, "on"))
-    *mode = HS_TLS_ON;
-  else if (!strcmp(s, "require"))
-    *mode = HS_TLS_REQUIRE;
-  else
-    return -1;
-  return 0;
-}
-
-/* TLS needs credentials, and credentials are no use without TLS. */
-static int check_tls_opts(const struct serve_opts *o, enum hs_tls mode) {
-  bool creds = o->tls_certs || o->tls_psk;
-  const char *err = NULL;
-  if (mode != HS_TLS_OFF && !creds)
-    err = "--tls on|require needs --tls-certs DIR or --tls-psk FILE";
-  else if (mode == HS_TLS_OFF && creds)
-    err = "--tls-certs and --tls-psk need --tls on or --tls require";
-  else if (o->tls_verify_peer && !o->tls_certs)
-    err = "--tls-verify-peer needs --tls-certs DIR";
-  if (err)
-    fprintf(stderr, "blockport serve: %s\n", err);
-  return err ? -1 : 0;
-}
-
-/* One --allow CIDR, added to the server's list. */
-static int add_allow(struct server *srv, const char *text) {
-  struct acl_rule r;
-  if (acl_parse(text, &r) < 0) {
-    fprintf(stderr, "blockport serve: --allow %s\n", bd_errmsg());
-    return -1;
-  }
-  struct acl_rule *n = realloc(srv->allow, (srv->nallow + 1) * sizeof *n);
-  if (!n)
-    return -1;
-  n[srv->nallow++] = r;
-  srv->allow = n;
-  return 0;
-}
-
-static int parse_opts(int argc, char **argv, struct serve_opts *o,
-                      struct server *srv) {
-  struct server_limits *lim = &srv->limits;
-  enum hs_tls *tls = &srv->tls;
-  static const struct option longopts[] = {
-      {"unix", required_argument, NULL, 'u'},
-      {"port", required_argument, NULL, 'p'},
-      {"bind", required_argument, NULL, 'b'},
-      {"readonly", no_argument, NULL, 'r'},
-      {"force-share", no_argument, NULL, 'U'},
-      {"format", required_argument, NULL, 'f'},
-      {"workers", required_argument, NULL, 'w'},
-      {"max-connections", required_argument, NULL, 'c'},
-      {"max-requests", required_argument, NULL, 'R'},
-      {"max-inflight-bytes", required_argument, NULL, 'B'},
-      {"l2-cache-size", required_argument, NULL, 'L'},
-      {"nbd-connections", required_argument, NULL, 'N'},
-      {"nbd-timeout", required_argument, NULL, 'T'},
-      {"plugin", required_argument, NULL, 'G'},
-      {"tls", required_argument, NULL, OPT_TLS},
-      {"tls-certs", required_argument, NULL, OPT_TLS_CERTS},
-      {"tls-psk", required_argument, NULL, OPT_TLS_PSK},
-      {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
-      {"allow", required_argument, NULL, OPT_ALLOW},
-      {"readonly-export", required_argument, NULL, OPT_RO_EXPORT},
-      {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
-      {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
-      {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
-      {"metrics", required_argument, NULL, OPT_METRICS},
-      {"config", required_argument, NULL, OPT_CONFIG},
-      {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
-      {"pid-file", required_argument, NULL, 'P'},
-      {"verbose", no_argument, NULL, 'v'},
-      LOG_LONGOPTS,
-      {"help", no_argument, NULL, 'h'},
-      {0, 0, 0, 0}};
-  int ch;
-  unsigned port, secs;
-  while ((ch = getopt_long(argc, argv, "u:p:b:rUf:w:c:D:P:vh", longopts,
-                           NULL)) != -1) {
-    switch (ch) {
-    case 'u': o->unix_path = optarg; break;
-    case 'p':
-      if (cli_parse_uint(optarg, 0, 65535, &port) < 0)
-        goto bad;
-      o->port = optarg;
-      break;
-    case 'b': o->bind_addr = optarg; break;
-    case 'r': o->readonly = true; break;
-    case 'U': o->force_share = true; break;
-    case 'f': o->format = optarg; break;
-    case 'w':
-      if (cli_parse_uint(optarg, 1, BD_POOL_MAX_WORKERS, &o->workers) < 0)
-        goto bad;
-      break;
-    case 'c':
-      if (cli_parse_uint(optarg, 1, 1000000, &lim->max_connections) < 0)
-        goto bad;
-      break;
-    case 'R':
-      if (cli_parse_uint(optarg, 1, 65536, &lim->max_requests) < 0)
-        goto bad;
-      break;
-    case 'B':
-      if (bd_parse_size(optarg, &lim->max_bytes) < 0 || lim->max_bytes == 0)
-        goto bad;
-      break;
-    case 'L':
-      if (bd_parse_size(optarg, &o->open.qcow2_l2_cache) < 0 ||
-          o->open.qcow2_l2_cache < 65536)
-        goto bad;
-      break;
-    case 'N':
-      if (cli_parse_uint(optarg, 0, 16, &o->open.nbd_connections) < 0)
-        goto bad;
-      break;
-    case 'T':
-      if (cli_parse_uint(optarg, 0, 86400, &o->open.nbd_timeout) < 0)
-        goto bad;
-      break;
-    case 'G': o->plugin = optarg; break;
-    case OPT_TLS:
-      if (parse_tls_mode(optarg, tls) < 0)
-        goto bad;
-      break;
-    case OPT_TLS_CERTS: o->tls_certs = optarg; break;
-    case OPT_TLS_PSK: o->tls_psk = optarg; break;
-    case OPT_TLS_VERIFY: o->tls_verify_peer = true; break;
-    case OPT_RO_EXPORT: {
-      char **n = realloc(o->ro_exports, (o->n_ro_exports + 1) * sizeof *n);
-      if (!n)
-        return -1;
-      n[o->n_ro_exports++] = optarg;
-      o->ro_exports = n;
-      break;
-    }
-    case OPT_ALLOW:
-      if (add_allow(srv, optarg) < 0)
-        return -1;
-      break;
-    case OPT_UNIX_MODE: {
-      char *end;
-      long m = strtol(optarg, &end, 8);
-      if (!*optarg || *end || m < 0 || m > 0777)
-        goto bad;
-      o->unix_mode = (int)m;
-      break;
-    }
-    case OPT_HANDSHAKE_TIMEOUT:
-      if (cli_parse_uint(optarg, 0, 86400, &secs) < 0)
-        goto bad;
-      lim->handshake_ms = secs * 1000;
-      break;
-    case OPT_IDLE_TIMEOUT:
-      if (cli_parse_uint(optarg, 0, 86400 * 7, &secs) < 0)
-        goto bad;
-      lim->idle_ms = secs * 1000;
-      break;
-    case 'D':
-      if (plugin_debug_add(&o->open, optarg) < 0) {
-        fprintf(stderr, "blockport serve: %s\n", bd_errmsg());
-        return -1;
-      }
-      break;
-    case OPT_METRICS: {
-      char host[256], mport[8];
-      if (!metrics_parse_addr(optarg, host, sizeof host, mport, sizeof mport))
-        goto bad;
-      o->metrics = optarg;
-      break;
-    }
-    case OPT_CONFIG: o->config = optarg; break;
-    case OPT_CHECK_CONFIG: o->check_config = true; break;
-    case 'P': o->pid_file = optarg; break;
-    case 'v': log_threshold = LOG_LEVEL_DEBUG; break;
-    case LOG_OPT_LEVEL:
-    case LOG_OPT_SYSLOG:
-      if (log_handle_option(ch, optarg) < 0)
-        goto bad;
-      break;
-    case 'h': fputs(serve_usage, stdout); exit(0);
-    default: fputs(serve_usage, stderr); return -1;
-    }
-  }
-  if (o->config && (optind < argc || o->plugin)) {
-    fprintf(stderr, "blockport serve: --config replaces IMAGE arguments and "
-                    "--plugin\n");
-    return -1;
-  }
-  if (o->force_share && !o->readonly) {
-    fprintf(stderr, "blockport serve: --force-share needs --readonly (a "
-                    "writer cannot share the image)\n");
-    return -1;
-  }
-  if (optind >= argc && !o->plugin && !o->config) {
-    fprintf(stderr, "blockport serve: no image given\n%s", serve_usage);
-    return -1;
-  }
-  return check_tls_opts(o, *tls);
-bad:
-  fprintf(stderr, "blockport serve: invalid value for option: %s\n", optarg);
-  return -1;
-}
-
-/* One line of --check-config's listing: the export as configured (the
- * check itself opened every image read-only). */
-static void print_export(const struct export_conf *c,
-                         const struct export_set *s, bool plugin) {
-  int i = exports_find(s, c->name);
-  const struct bd *bd = i >= 0 ? s->v[i].dev->bd : NULL;
-  printf("  export '%s': %s %s, %" PRIu64 " bytes, %s%s%s", c->name,
-         bd ? bd->format : "?", plugin ? "plugin" : c->path, bd ? bd->size : 0,
-         c->readonly ? "read-only" : "writable",
-         c->is_default ? ", default" : "",
-         c->tls_required ? ", TLS required" : "");
-  if (c->nallow)
-    printf(", %zu allow rule%s", c->nallow, c->nallow == 1 ? "" : "s");
-  printf("\n");
-}
-
 /* Load what the exports need before opening them: TLS credentials (an
  * export may require TLS), and the configuration, from --config or from
- * the command line's images or plugin.  *PLUGIN is the caller's to free.
- * Returns 0, or --check-config's exit status: 2 for a bad file (or
- * options that do not fit it), 1 otherwise. */
-static int read_exports(struct server *srv, struct serve_opts *o, int argc,
-                        char **argv, struct config *cf, char **plugin) {
-  /* --plugin: one image, the plugin with the arguments as parameters. */
-  if (o->plugin &&
-      !(*plugin = plugin_spec(o->plugin, argv + optind, argc - optind)))
-    return 1;
+ * the command line's images or plugin.  Returns 0, or 1 (logged). */
+static int read_exports(struct server *srv, const struct serve_opts *o,
+                        struct config *cf) {
   if (srv->tls != HS_TLS_OFF &&
       !(srv->tls_creds =
-            tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+            tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk))) {
+    log_error("%s", bd_errmsg());
     return 1;
+  }
   if (o->config
           ? config_read(o, cf) < 0 || check_config_tls(srv, cf, o->config) < 0
-          : config_from_args(o->plugin ? plugin : argv + optind,
-                             o->plugin ? 1 : argc - optind, o, cf) < 0)
+          : config_from_args(o->images, o->n_images, o, cf) < 0)
     return 1;
   return 0;
 }
 
-/* --check-config: what a start (or a reload) would check about the
- * exports, without listening: the file, the TLS settings, and every image
- * opened read-only (a check must never be a second writer of an image the
- * running server has open).  Prints the exports on stdout.  The exit
- * status lets `systemctl reload` fail before the server is signalled. */
-static int check_exports(struct server *srv, struct serve_opts *o, int argc,
-                         char **argv) {
-  struct config cf = {0};
-  char *plugin = NULL;
-  int ret = read_exports(srv, o, argc, argv, &cf, &plugin);
-  if (ret == 0) {
-    enum log_level level = log_threshold;
-    if (log_threshold > LOG_LEVEL_WARN)
-      log_threshold = LOG_LEVEL_WARN; /* not the forced read-only opens */
-    bool all_ro = o->readonly, share = o->force_share;
-    o->readonly = o->force_share = true; /* never in the server's way */
-    ret = exports_open(srv, &cf, o) < 0 ? 1 : 0;
-    o->readonly = all_ro;
-    o->force_share = share;
-    log_threshold = level;
-  }
-  if (ret == 0) {
-    const char *what = o->config ? o->config : "command line";
-    printf("%s: ok, %zu export%s\n", what, cf.n, cf.n == 1 ? "" : "s");
-    for (size_t i = 0; i < cf.n; i++)
-      print_export(&cf.v[i], srv->current, o->plugin != NULL);
-    if (exports_put(srv, srv->current) < 0)
-      ret = 1;
-  }
-  config_free(&cf);
-  tls_creds_put(srv->tls_creds);
-  free(plugin);
-  free(srv->allow);
-  free(o->ro_exports);
-  plugin_debug_free(&o->open);
+static void server_init(struct server *srv, const struct serve_opts *o) {
+  *srv = (struct server){.limits = o->limits,
+                         .allow = o->allow,
+                         .nallow = o->nallow,
+                         .tls = o->tls,
+                         .lock = PTHREAD_MUTEX_INITIALIZER,
+                         .cond = PTHREAD_COND_INITIALIZER};
+}
+
+/* Every image opened read-only and sharing: a check must never be a
+ * second writer of an image the running server has open. */
+static int open_for_check(struct server *srv, const struct config *cf,
+                          const struct serve_opts *o) {
+  enum log_level level = log_threshold;
+  if (log_threshold > LOG_LEVEL_WARN)
+    log_threshold = LOG_LEVEL_WARN; /* not the forced read-only opens */
+  struct serve_opts ro = *o;
+  ro.readonly = ro.force_share = true;
+  int ret = exports_open(srv, cf, &ro) < 0 ? 1 : 0;
+  log_threshold = level;
   return ret;
 }
 
-int serve_main(int argc, char **argv) {
-  struct serve_opts o = {.unix_mode = -1, .open = BD_OPEN_OPTS_INIT};
-  struct server srv = {
-      .limits = {.max_connections = 128,
-                 .max_requests = 256,
-                 .max_bytes = 64ull * 1024 * 1024,
-                 .handshake_ms = 10000},
-      .lock = PTHREAD_MUTEX_INITIALIZER,
-      .cond = PTHREAD_COND_INITIALIZER,
-  };
-  /* Usage errors exit 1, as qemu-img's do. */
-  if (parse_opts(argc, argv, &o, &srv) < 0) {
-    plugin_debug_free(&o.open);
-    return 1;
+int server_check(const struct serve_opts *o, server_show_fn *show,
+                 void *opaque) {
+  struct server srv;
+  server_init(&srv, o);
+  struct config cf = {0};
+  int ret = read_exports(&srv, o, &cf);
+  if (ret == 0)
+    ret = open_for_check(&srv, &cf, o);
+  if (ret == 0) {
+    show(&cf, srv.current, opaque);
+    if (exports_put(&srv, srv.current) < 0)
+      ret = 1;
   }
-  if (o.check_config)
-    return check_exports(&srv, &o, argc, argv);
+  config_free(&cf);
+  tls_creds_put(srv.tls_creds);
+  return ret;
+}
+
+int server_run(const struct serve_opts *opts) {
+  struct serve_opts o = *opts; /* the port may default below */
+  struct server srv;
+  server_init(&srv, &o);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
   /* Before any thread or plugin exists: children must not inherit
    * LISTEN_*. */
@@ -998,8 +633,7 @@ int serve_main(int argc, char **argv) {
   bool bound_unix = false;
   struct config cf = {0};
   struct metrics_http *mhttp = NULL;
-  char *plugin = NULL;
-  if (read_exports(&srv, &o, argc, argv, &cf, &plugin) != 0)
+  if (read_exports(&srv, &o, &cf) != 0)
     goto out;
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
     log_error("--metrics: out of memory");
@@ -1023,6 +657,7 @@ int serve_main(int argc, char **argv) {
     nl += n;
   }
   if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics))) {
+    log_error("%s", bd_errmsg());
     explain_metrics_failure(&o);
     goto out;
   }
@@ -1036,7 +671,7 @@ int serve_main(int argc, char **argv) {
              o.tls_verify_peer ? " (client certificates required)" : "",
              o.tls_certs && o.tls_psk ? ", " : "",
              o.tls_psk ? "pre-shared keys" : "");
-  if (o.pid_file && cli_write_pid_file(o.pid_file) < 0)
+  if (o.ready && o.ready(o.opaque) != 0)
     goto out;
   char where[1024];
   describe_listeners(lfds, nl, where, sizeof where);
@@ -1085,14 +720,8 @@ out:
   else
     metrics_free(srv.metrics);
   config_free(&cf);
-  if (o.pid_file)
-    unlink(o.pid_file);
   if (sfd >= 0)
     close(sfd);
   tls_creds_put(srv.tls_creds);
-  free(plugin);
-  free(srv.allow);
-  free(o.ro_exports);
-  plugin_debug_free(&o.open);
   return ret;
 }

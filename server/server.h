@@ -11,7 +11,9 @@
 #include "core/blockdev.h"
 #include "handshake.h"
 
+struct acl_rule;
 struct bd;
+struct config;
 struct conn;
 struct device;
 struct export_set;
@@ -59,5 +61,53 @@ void conn_shutdown_all(struct server *srv, int how);
  * NBD_ESHUTDOWN (the client then disconnects and may retry elsewhere), and
  * each connection closes when its client leaves or after GRACE_MS. */
 void conn_begin_shutdown(struct server *srv, unsigned grace_ms);
+
+/* ---- running a server (serve.c), as the command line asks ---- */
+
+struct serve_opts {
+  /* Where to listen.  Neither a socket nor sockets from systemd: TCP port
+   * 10809. */
+  const char *unix_path;
+  const char *port;
+  const char *bind_addr;
+  int unix_mode; /* of the Unix socket, -1: as the umask makes it */
+  /* The exports: a config file, or IMAGES (PATH or NAME=PATH, the first
+   * also the default export ""), or with PLUGIN one nbdkit plugin spec. */
+  const char *config;
+  char **images;
+  int n_images;
+  bool plugin;
+  bool readonly;     /* every export */
+  bool force_share;  /* with readonly: share images with writers */
+  char **ro_exports; /* --readonly-export NAME */
+  size_t n_ro_exports;
+  const struct bd_open_opts *open; /* how images are opened, NULL: the
+                                    * defaults */
+  unsigned workers;
+  enum hs_tls tls;
+  const char *tls_certs; /* directory of X.509 files */
+  const char *tls_psk;   /* pre-shared keys file */
+  bool tls_verify_peer;
+  struct server_limits limits;
+  struct acl_rule *allow; /* TCP clients admitted, none: all */
+  size_t nallow;
+  const char *metrics; /* ADDR:PORT, NULL: no metrics */
+  /* Called once clients can connect (say, to write a pid file); nonzero
+   * stops the server. */
+  int (*ready)(void *opaque);
+  void *opaque;
+};
+
+/* Serve until SIGTERM or SIGINT; SIGHUP reloads the TLS credentials and
+ * the config file.  Returns the exit status; errors are logged. */
+int server_run(const struct serve_opts *o);
+/* What a start (or a reload) would check about the exports, without
+ * listening: the file, the TLS settings, every image opened read-only.
+ * SHOW gets the configuration and the exports as opened.  Returns the
+ * exit status. */
+typedef void server_show_fn(const struct config *cf, const struct export_set *s,
+                            void *opaque);
+int server_check(const struct serve_opts *o, server_show_fn *show,
+                 void *opaque);
 
 #endif

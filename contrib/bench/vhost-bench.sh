@@ -73,7 +73,7 @@ echo "blockport: $BP; $(nproc) CPUs; $RT s per run; guest under TCG;" \
 serve
 if "$BP" vhost --help >/dev/null 2>&1; then
   rm -f "$W/vhost.sock"
-  "$BP" vhost --socket "$W/vhost.sock" --connections 4 \
+  "$BP" vhost --socket "$W/vhost.sock" --nbd-connections 4 \
     "nbd+unix:///?socket=$W/nbd.sock" 2>"$W/vhost.log" &
   VHOST=$!
   wait_sock "$W/vhost.sock"

@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+#include "options.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/pool.h"
+#include "formats/formats.h"
+
+#include "cli.h"
+
+/* getopt values of the shared options without a short form. */
+enum {
+  ID_PLUGIN = 4000,
+  ID_L2_CACHE,
+  ID_NBD_CONNECTIONS,
+  ID_NBD_TIMEOUT,
+  ID_LOG_LEVEL,
+  ID_SYSLOG,
+};
+
+#define L2_CACHE_MIN (64u * 1024)
+_Static_assert(BD_POOL_MAX_WORKERS == 1024, "--workers' help names 1024");
+
+struct shared_opt {
+  unsigned group;   /* CO_* */
+  int val;          /* getopt's value: the short letter, if any */
+  const char *name; /* the long name, NULL: short only */
+  const char *arg;  /* the argument's name in --help, NULL: none */
+  unsigned min, max;
+  const char *help; /* lines after the first indented; %u: the default */
+};
+
+/* The canonical spelling of each option comes before its aliases. */
+static const struct shared_opt table[] = {
+    {CO_FORMAT, 'f', "format", "FMT", 0, 0,
+     "image format instead of probing: raw, qcow2"},
+    {CO_WORKERS, 'w', "workers", "N", 1, BD_POOL_MAX_WORKERS,
+     "worker threads for blocking I/O, 1-1024\n"
+     "(default %u)"},
+    {CO_PLUGIN, ID_PLUGIN, "plugin", "PLUGIN", 0, 0,
+     "the source is an nbdkit plugin: a .so path or a\n"
+     "name in nbdkit's plugin directory (memory,\n"
+     "pattern, file, ...), the arguments its KEY=VALUE\n"
+     "parameters"},
+    {CO_PLUGIN, 'D', NULL, "NAME.FLAG=N", 0, 0,
+     "set an nbdkit plugin's debug flag NAME_debug_FLAG"},
+    {CO_L2_CACHE, ID_L2_CACHE, "l2-cache-size", "SIZE", 0, 0,
+     "qcow2 L2 cache per image, at least 64K (default\n"
+     "32M: maps 256G of 64k clusters)"},
+    {CO_NBD, ID_NBD_CONNECTIONS, "nbd-connections", "N", 0, 16,
+     "connections to each NBD source, 0-16 (default 0:\n"
+     "4 when its server allows multi-conn, else 1)"},
+    {CO_NBD, ID_NBD_TIMEOUT, "nbd-timeout", "SECONDS", 0, 86400,
+     "how long a request waits for a lost NBD server\n"
+     "to come back, and how long a server may leave\n"
+     "requests unanswered, before they fail with EIO,\n"
+     "0-86400 (default 30; 0: forever)"},
+    {CO_NBD_OLD, 'C', "connections", "N", 0, 16,
+     "the same as --nbd-connections"},
+    {CO_NBD_OLD, ID_NBD_TIMEOUT, "timeout", "SECONDS", 0, 86400,
+     "the same as --nbd-timeout"},
+    {CO_LOG, 'v', "verbose", NULL, 0, 0,
+     "log more: the same as --log-level debug"},
+    {CO_LOG, ID_LOG_LEVEL, "log-level", "LEVEL", 0, 0,
+     "error, warn, info (default) or debug"},
+    {CO_LOG, ID_SYSLOG, "syslog", NULL, 0, 0,
+     "log to syslog (daemon facility), not stderr"},
+    {CO_PID_FILE, 'P', "pid-file", "FILE", 0, 0,
+     "write the pid once ready (connections accepted,\n"
+     "the mount live, the socket listening); removed\n"
+     "at exit"},
+};
+#define NTABLE (sizeof table / sizeof table[0])
+
+void cli_opts_init(struct cli_common *c, const char *cmd, unsigned which,
+                   unsigned workers) {
+  *c = (struct cli_common){.cmd = cmd,
+                           .which = which,
+                           .open = BD_OPEN_OPTS_INIT,
+                           .workers = workers};
+  c->open.plugin_debug = c->debug;
+}
+
+void cli_opts_tables(const struct cli_common *c, const struct option *own,
+                     const char *own_short, struct option lo[CLI_MAX_LONGOPTS],
+                     char so[64]) {
+  size_t n = 0, ns = strlen(own_short);
+  memcpy(so, own_short, ns);
+  for (; own[n].name; n++)
+    lo[n] = own[n];
+  for (size_t i = 0; i < NTABLE; i++) {
+    const struct shared_opt *t = &table[i];
+    if (!(c->which & t->group))
+      continue;
+    int has_arg = t->arg ? required_argument : no_argument;
+    if (t->name && n + 1 < CLI_MAX_LONGOPTS)
+      lo[n++] = (struct option){t->name, has_arg, NULL, t->val};
+    if (t->val < 128 && ns + 3 < 64) {
+      so[ns++] = (char)t->val;
+      if (t->arg)
+        so[ns++] = ':';
+    }
+  }
+  lo[n] = (struct option){0, 0, 0, 0};
+  so[ns] = '\0';
+}
+
+/* The canonical entry for getopt value CH among the groups C takes. */
+static const struct shared_opt *find(const struct cli_common *c, int ch) {
+  if (ch == 'C')
+    ch = ID_NBD_CONNECTIONS;
+  for (size_t i = 0; i < NTABLE; i++)
+    if (table[i].val == ch && (c->which & table[i].group))
+      return &table[i];
+  return NULL;
+}
+
+static int bad(const struct cli_common *c, const struct shared_opt *t,
+               const char *arg, const char *expected) {
+  char opt[40];
+  snprintf(opt, sizeof opt, "%s%s", t->name ? "--" : "-",
+           t->name ? t->name : (char[]){(char)t->val, 0});
+  cli_error(c->cmd, NULL, "%s %s: expected %s", opt, arg, expected);
+  return -1;
+}
+
+static int number(const struct cli_common *c, const struct shared_opt *t,
+                  const char *arg, unsigned *out) {
+  char range[64];
+  if (cli_parse_uint(arg, t->min, t->max, out) == 0)
+    return 1;
+  snprintf(range, sizeof range, "a number in %u-%u", t->min, t->max);
+  return bad(c, t, arg, range);
+}
+
+/* -D NAME.FLAG=N: the form is checked now (by the plugin host), the name
+ * when the plugin loads. */
+static int debug_flag(struct cli_common *c, const struct shared_opt *t,
+                      const char *arg) {
+  if (plugin_check_debug_flag(arg) < 0)
+    return bad(c, t, arg, "NAME.FLAG=N");
+  if (c->open.n_plugin_debug == CLI_MAX_DEBUG_FLAGS)
+    return bad(c, t, arg, "at most 64 debug flags");
+  c->debug[c->open.n_plugin_debug++] = arg;
+  return 1;
+}
+
+static int l2_cache(struct cli_common *c, const struct shared_opt *t,
+                    const char *arg) {
+  uint64_t v;
+  if (bd_parse_size(arg, &v) < 0 || v < L2_CACHE_MIN)
+    return bad(c, t, arg, "a size of at least 64K");
+  c->open.qcow2_l2_cache = v;
+  return 1;
+}
+
+static int logging(struct cli_common *c, const struct shared_opt *t,
+                   const char *arg) {
+  if (t->val == 'v')
+    log_threshold = LOG_LEVEL_DEBUG;
+  else if (t->val == ID_SYSLOG)
+    log_to_syslog("blockport");
+  else if (log_parse_level(arg, &log_threshold) < 0)
+    return bad(c, t, arg, "error, warn, info or debug");
+  return 1;
+}
+
+int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
+  const struct shared_opt *t = find(c, ch);
+  if (!t)
+    return 0;
+  switch (t->val) {
+  case 'f': c->open.format = arg; return 1;
+  case 'w': return number(c, t, arg, &c->workers);
+  case ID_PLUGIN: c->plugin = arg; return 1;
+  case 'D': return debug_flag(c, t, arg);
+  case ID_L2_CACHE: return l2_cache(c, t, arg);
+  case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
+  case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);
+  case 'P': c->pid_file = arg; return 1;
+  default: return logging(c, t, arg);
+  }
+}
+
+/* "  -f, --format FMT" padded to the help column, then the help, its
+ * further lines indented to that column. */
+static void usage_line(FILE *f, const struct shared_opt *t, unsigned dflt) {
+  char left[64];
+  int n;
+  if (t->val < 128 && t->name)
+    n = snprintf(left, sizeof left, "  -%c, --%s", t->val, t->name);
+  else if (t->val < 128)
+    n = snprintf(left, sizeof left, "  -%c", t->val);
+  else
+    n = snprintf(left, sizeof left, "      --%s", t->name);
+  if (t->arg)
+    n += snprintf(left + n, sizeof left - (size_t)n, " %s", t->arg);
+  fprintf(f, "%s%*s", left, n < 27 ? 28 - n : 1, "");
+  for (const char *h = t->help; *h;) {
+    size_t len = strcspn(h, "\n");
+    const char *u = strstr(h, "%u"); /* the default */
+    if (u && u < h + len)
+      fprintf(f, "%.*s%u%.*s", (int)(u - h), h, dflt, (int)(h + len - u - 2),
+              u + 2);
+    else
+      fprintf(f, "%.*s", (int)len, h);
+    h += len;
+    if (*h)
+      fprintf(f, "\n%28s", "");
+    h += *h == '\n';
+  }
+  fputc('\n', f);
+}
+
+void cli_opts_usage(FILE *f, const struct cli_common *c) {
+  for (size_t i = 0; i < NTABLE; i++)
+    if (c->which & table[i].group)
+      usage_line(f, &table[i], c->workers);
+}

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* The options several commands share (format, workers, plugin and -D, L2
+ * cache, NBD connections and timeout, logging, pid file): one table with
+ * one name, one range and one help text each, so that serve, mount and
+ * vhost cannot drift apart.  A command lists the groups it takes, merges
+ * them into its getopt tables and hands every option it does not know
+ * itself to cli_opts_handle(). */
+#ifndef BLOCKPORT_CLI_OPTIONS_H
+#define BLOCKPORT_CLI_OPTIONS_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "core/blockdev.h"
+
+/* Groups of shared options, a bit each. */
+enum {
+  CO_FORMAT = 1u << 0,   /* -f, --format FMT */
+  CO_WORKERS = 1u << 1,  /* -w, --workers N */
+  CO_PLUGIN = 1u << 2,   /* --plugin PLUGIN, -D NAME.FLAG=N */
+  CO_L2_CACHE = 1u << 3, /* --l2-cache-size SIZE */
+  CO_NBD = 1u << 4,      /* --nbd-connections N, --nbd-timeout SECONDS */
+  /* The spellings mount and vhost had for CO_NBD: -C, --connections,
+   * --timeout. */
+  CO_NBD_OLD = 1u << 5,
+  CO_LOG = 1u << 6,      /* -v, --log-level LEVEL, --syslog */
+  CO_PID_FILE = 1u << 7, /* -P, --pid-file FILE */
+};
+
+#define CLI_MAX_DEBUG_FLAGS 64
+#define CLI_MAX_LONGOPTS 64
+
+/* What the shared options say, once parsed. */
+struct cli_common {
+  const char *cmd; /* "serve", for messages */
+  unsigned which;  /* the CO_* groups the command takes */
+  /* Format, L2 cache, NBD and -D, for bd_open_with(). */
+  struct bd_open_opts open;
+  unsigned workers; /* the command's default until -w */
+  const char *plugin;
+  const char *pid_file;
+  const char *debug[CLI_MAX_DEBUG_FLAGS]; /* -D, pointed to by open */
+};
+
+/* Start C for command CMD taking the groups WHICH, with WORKERS worker
+ * threads unless -w says otherwise. */
+void cli_opts_init(struct cli_common *c, const char *cmd, unsigned which,
+                   unsigned workers);
+/* getopt_long's tables: the command's own (OWN, ending with a zero entry;
+ * OWN_SHORT) followed by the shared groups C takes. */
+void cli_opts_tables(const struct cli_common *c, const struct option *own,
+                     const char *own_short, struct option lo[CLI_MAX_LONGOPTS],
+                     char so[64]);
+/* Handle option CH with ARG if it is a shared one: 1 when it was, 0 when
+ * it is the command's own (or unknown), -1 for a bad value (said on
+ * stderr, naming the option and its range). */
+int cli_opts_handle(struct cli_common *c, int ch, const char *arg);
+/* The --help lines of the shared options C takes. */
+void cli_opts_usage(FILE *f, const struct cli_common *c);
+
+#endif

@@ -1,0 +1,93 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The options serve, mount and vhost share (cli/options.c) have one name,
+# one range and one help text: each command's --help shows the same lines
+# for them, each refuses a value out of range with the same message and
+# exit status 1, and the spellings mount and vhost had before (-C,
+# --connections, --timeout) still work there.
+source "$(dirname "$0")/lib.sh"
+require ss
+cd "$T"
+
+# The shared options' lines of CMD's --help, without mount's and vhost's
+# aliases and the default number of workers (which differs by design).
+shared_help() {
+    "$BLOCKPORT" "$1" --help | sed -n '/^  -f, --format/,/^  -h, --help/p' |
+        grep -v -e '^  -C, --connections' -e '^      --timeout ' \
+            -e '^  -h, --help' -e '^ *(default [0-9]*)$'
+}
+
+check "the same --help lines for the shared options"
+ref=$(shared_help serve)
+[[ $(grep -c -e '--nbd-connections N' -e '--l2-cache-size' <<<"$ref") -eq 2 ]] ||
+    fail "serve --help lacks the shared options: $ref"
+for c in mount vhost; do
+    diff <(echo "$ref") <(shared_help $c) || fail "$c --help differs from serve's"
+done
+ok "$(wc -l <<<"$ref") lines, alike in serve, mount and vhost"
+
+# refused CMD MESSAGE ARGS...: CMD ARGS exits 1 saying "blockport CMD:
+# MESSAGE".
+refused() {
+    local cmd=$1 msg=$2 rc=0
+    shift 2
+    timeout -s KILL 10 "$BLOCKPORT" "$cmd" "$@" </dev/null >out.txt 2>&1 || rc=$?
+    [[ $rc -eq 1 ]] || { cat out.txt; fail "$cmd $*: exit $rc, expected 1"; }
+    grep -qxF "blockport $cmd: $msg" out.txt ||
+        { cat out.txt; fail "$cmd $*: no 'blockport $cmd: $msg'"; }
+    check_sanitizer_reports out.txt
+}
+
+# Each command's arguments after the options, so that only the option
+# can be wrong.
+declare -A ARGS=([serve]="memory:1M" [mount]="memory:1M $T/mnt"
+                 [vhost]="-s $T/vhost.sock memory:1M")
+
+check "out-of-range values: exit 1 and one message naming option and range"
+n=0
+for c in serve mount vhost; do
+    # shellcheck disable=SC2086
+    {
+    refused $c "--nbd-connections 17: expected a number in 0-16" --nbd-connections 17 ${ARGS[$c]}
+    refused $c "--nbd-timeout 86401: expected a number in 0-86400" --nbd-timeout 86401 ${ARGS[$c]}
+    refused $c "--workers 0: expected a number in 1-1024" -w 0 ${ARGS[$c]}
+    refused $c "--l2-cache-size 1k: expected a size of at least 64K" --l2-cache-size 1k ${ARGS[$c]}
+    refused $c "--log-level loud: expected error, warn, info or debug" --log-level loud ${ARGS[$c]}
+    refused $c "-D nodot: expected NAME.FLAG=N" -D nodot ${ARGS[$c]}
+    }
+    n=$((n + 6))
+done
+ok "$n refusals"
+
+check "mount's and vhost's old spellings: the same ranges and messages"
+for c in mount vhost; do
+    # shellcheck disable=SC2086
+    {
+    refused $c "--nbd-connections 17: expected a number in 0-16" -C 17 ${ARGS[$c]}
+    refused $c "--nbd-connections 65: expected a number in 0-16" --connections 65 ${ARGS[$c]}
+    refused $c "--nbd-timeout -1: expected a number in 0-86400" --timeout -1 ${ARGS[$c]}
+    }
+done
+ok "-C, --connections and --timeout checked as --nbd-connections and --nbd-timeout"
+
+# Whether the server has N client connections.
+server_conns() { [[ $(ss -xp | grep -c "pid=$SERVER_PID,") -eq $1 ]]; }
+
+check "--connections, -C and --nbd-connections reach the NBD source"
+start_server memory:64M
+for opts in "--connections 2 --timeout 5" "-C 3" "--nbd-connections 2 --nbd-timeout 5"; do
+    want=${opts#* } want=${want%% *}
+    rm -f vh.pid
+    # shellcheck disable=SC2086
+    "$BLOCKPORT" vhost -s "$T/vh.sock" $opts -P vh.pid "$URI" >vh.log 2>&1 &
+    vh=$!
+    track_pid $vh
+    wait_file 10 vh.pid $vh || { cat vh.log; fail "vhost $opts did not start"; }
+    wait_until 5 server_conns "$want" ||
+        fail "vhost $opts: $(ss -xp | grep -c "pid=$SERVER_PID,") connections, expected $want"
+    kill $vh
+    wait $vh || { cat vh.log; fail "vhost $opts exited with $?"; }
+    wait_until 5 server_conns 0 || fail "vhost $opts: connections left"
+    check_sanitizer_reports vh.log
+    ok "vhost $opts: $want connections"
+done
