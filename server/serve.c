@@ -338,11 +338,12 @@ static void reload(struct server *srv, const struct serve_opts *o) {
   notify_send("RELOADING=1\nSTATUS=Reloading the configuration");
   struct tls_creds *cr = NULL;
   if (srv->tls != HS_TLS_OFF &&
-      !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+      !(cr = tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk))) {
+    log_error("%s", bd_errmsg());
     log_error("reload: TLS credentials cannot be loaded; keeping the "
               "current ones%s",
               o->config ? " and the current exports" : "");
-  else if (o->config && !reload_exports(srv, o))
+  } else if (o->config && !reload_exports(srv, o))
     log_error("reload of %s failed; keeping the current configuration%s",
               o->config, cr ? " and TLS credentials" : "");
   else if (cr) {
@@ -905,8 +906,10 @@ static int read_exports(struct server *srv, struct serve_opts *o, int argc,
     return 1;
   if (srv->tls != HS_TLS_OFF &&
       !(srv->tls_creds =
-            tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk)))
+            tls_creds_load(o->tls_certs, o->tls_verify_peer, o->tls_psk))) {
+    log_error("%s", bd_errmsg());
     return 1;
+  }
   if (o->config
           ? config_read(o, cf) < 0 || check_config_tls(srv, cf, o->config) < 0
           : config_from_args(o->plugin ? plugin : argv + optind,
@@ -1018,6 +1021,7 @@ int serve_main(int argc, char **argv) {
     nl += n;
   }
   if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics))) {
+    log_error("%s", bd_errmsg());
     explain_metrics_failure(&o);
     goto out;
   }
