@@ -300,11 +300,17 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
   s->fm = fm;
   bool stop = s->stop;
   pthread_mutex_unlock(&s->lock);
-  if (!fm)
+  if (!fm) {
+    log_error("%s", bd_errmsg());
     return 1;
+  }
   if (stop)
     fm_stop(fm);
-  int ret = fm_run(fm) < 0 ? 1 : 0;
+  int ret = 0;
+  if (fm_run(fm) < 0) {
+    log_error("%s", bd_errmsg());
+    ret = 1;
+  }
   pthread_mutex_lock(&s->lock);
   s->fm = NULL;
   pthread_mutex_unlock(&s->lock);

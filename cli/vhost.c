@@ -194,6 +194,8 @@ static int vhost_run(struct vhost_opts *o) {
     return 1;
   }
   int r = vhu_serve(bd, &o->vhu, sfd, write_pid_file, (void *)o->pid_file);
+  if (r < 0)
+    log_error("%s", bd_errmsg());
   int fr = bd_close(bd);
   if (fr < 0)
     log_error("%s: flush on close: %s", o->source, strerror(-fr));
