@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/blockdev.h"
 #include "core/log.h"
 
 #define KICK_SIGNAL SIGUSR1 /* interrupts a thread's read of /dev/fuse */
@@ -164,8 +165,8 @@ int fl_run(struct fuse_loop *l) {
     return 0;
   unsigned n = start_workers(l);
   if (n == 0) {
-    log_error("cannot start the FUSE threads");
-    return -1;
+    bd_set_error("cannot start the FUSE threads");
+    return -EAGAIN;
   }
   /* Until a stop, or until one thread ends (an unmount ends them all). */
   pthread_mutex_lock(&l->lock);
@@ -174,8 +175,8 @@ int fl_run(struct fuse_loop *l) {
   pthread_mutex_unlock(&l->lock);
   end_workers(l, n);
   if (l->error)
-    log_error("reading /dev/fuse: %s", strerror(-l->error));
-  return l->error ? -1 : 0;
+    bd_set_error("reading /dev/fuse: %s", strerror(-l->error));
+  return l->error;
 }
 
 void fl_stop(struct fuse_loop *l) {

@@ -29,7 +29,8 @@ struct fuse_loop;
 
 struct fuse_loop *fl_new(struct fuse_session *se, unsigned threads,
                          unsigned cached_bufs);
-/* Serve until fl_stop() or an unmount.  0, or -1 when a thread failed. */
+/* Serve until fl_stop() or an unmount.  0, or -errno with bd_errmsg() set
+ * when a thread failed. */
 int fl_run(struct fuse_loop *l);
 /* From any thread but a loop thread, at any time after fl_new(). */
 void fl_stop(struct fuse_loop *l);

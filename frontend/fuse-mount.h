@@ -29,9 +29,10 @@ struct fm_config {
   void *opaque;
 };
 
-/* Mount BD (not owned) at cfg->mountpoint.  NULL after logging why. */
+/* Mount BD (not owned) at cfg->mountpoint.  NULL with bd_errmsg() set. */
 struct fm *fm_create(struct bd *bd, const struct fm_config *cfg);
-/* Serve until fm_stop() or an unmount.  Returns 0, or -1 on a loop error. */
+/* Serve until fm_stop() or an unmount.  Returns 0, or -errno on a loop
+ * error (bd_errmsg() says which). */
 int fm_run(struct fm *m);
 /* Make fm_run() return soon; from any thread but a FUSE one, any time
  * after fm_create() (also before fm_run()). */

@@ -808,16 +808,21 @@ static const struct fuse_lowlevel_ops fm_ops = {
 
 /* ---- setting up ---- */
 
+static int out_of_memory(void) {
+  bd_set_error("%s", strerror(ENOMEM));
+  return -ENOMEM;
+}
+
 static int add_file(struct fm *m, const char *name, uint64_t off,
                     uint64_t len) {
   struct mfile *v = realloc(m->files, (m->nfiles + 1) * sizeof *v);
   if (!v)
-    return -1;
+    return out_of_memory();
   m->files = v;
   struct mfile *f = &v[m->nfiles];
   memset(f, 0, sizeof *f);
   if (!(f->name = strdup(name)))
-    return -1;
+    return out_of_memory();
   m->nfiles++;
   f->ino = m->file_mode ? FUSE_ROOT_ID : FUSE_ROOT_ID + m->nfiles;
   f->offset = off;
@@ -839,12 +844,12 @@ static int read_for_table(void *opaque, uint64_t off, void *buf, size_t len) {
 static int add_partitions(struct fm *m) {
   struct pt_table *t = malloc(sizeof *t);
   if (!t)
-    return -1;
+    return out_of_memory();
   int r = pt_parse(read_for_table, &m->disk, m->disk.size, t);
   if (r < 0) {
-    log_error("reading the partition table: %s", strerror(-r));
+    bd_set_error("reading the partition table: %s", strerror(-r));
     free(t);
-    return -1;
+    return r;
   }
   if (t->nwarnings)
     log_warn("partition table: %s%s", t->warning,
@@ -864,17 +869,19 @@ static int add_partitions(struct fm *m) {
 static int check_mountpoint(struct fm *m, const char *path) {
   struct stat st;
   if (stat(path, &st) < 0) {
-    if (errno == ENOTCONN)
-      log_error("%s: %s (a FUSE mount whose daemon is gone? "
-                "fusermount3 -u it)",
-                path, strerror(errno));
+    int e = errno;
+    if (e == ENOTCONN)
+      bd_set_error("%s: %s (a FUSE mount whose daemon is gone? "
+                   "fusermount3 -u it)",
+                   path, strerror(e));
     else
-      log_error("mount point %s: %s", path, strerror(errno));
-    return -1;
+      bd_set_error("mount point %s: %s", path, strerror(e));
+    return -e;
   }
   if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
-    log_error("mount point %s is neither a directory nor a regular file", path);
-    return -1;
+    bd_set_error("mount point %s is neither a directory nor a regular file",
+                 path);
+    return -EINVAL;
   }
   m->file_mode = S_ISREG(st.st_mode);
   return 0;
@@ -896,7 +903,7 @@ static struct fuse_session *session_new(struct fm *m) {
   struct fuse_session *se = fuse_session_new(&args, &fm_ops, sizeof fm_ops, m);
   fuse_opt_free_args(&args);
   if (!se)
-    log_error("cannot create a FUSE session");
+    bd_set_error("cannot create a FUSE session");
   return se;
 }
 
@@ -947,14 +954,15 @@ static void close_late_fd(struct fm *m) {
 
 struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
   if (!name_ok(cfg->name)) {
-    log_error("'%s' cannot be a file name", cfg->name);
+    bd_set_error("'%s' cannot be a file name", cfg->name);
     return NULL;
   }
   struct fm *m = calloc(1, sizeof *m);
-  if (!m)
+  if (!m) {
+    out_of_memory();
     return NULL;
+  }
   if (disk_init(&m->disk, bd) < 0) {
-    log_error("%s", bd_errmsg());
     free(m);
     return NULL;
   }
@@ -971,7 +979,7 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     if (errno == ENOTCONN)
       check_mountpoint(m, cfg->mountpoint);
     else
-      log_error("mount point %s: %s", cfg->mountpoint, strerror(errno));
+      bd_set_error("mount point %s: %s", cfg->mountpoint, strerror(errno));
     goto fail;
   }
   if (check_mountpoint(m, m->mountpoint) < 0 ||
@@ -981,12 +989,13 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
   if (!(m->se = session_new(m)))
     goto fail;
   if (!(m->loop = fl_new(m->se, cfg->threads, BIG_CACHED))) {
+    out_of_memory();
     fuse_session_destroy(m->se);
     goto fail;
   }
   repliers_start(m);
   if (fuse_session_mount(m->se, m->mountpoint) != 0) {
-    log_error("cannot mount on %s", m->mountpoint);
+    bd_set_error("cannot mount on %s", m->mountpoint);
     fuse_session_destroy(m->se);
     goto fail;
   }

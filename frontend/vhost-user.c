@@ -772,8 +772,8 @@ static bool stale_socket(const char *path, const struct sockaddr_un *sa) {
 static int listen_on(const char *path) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {
-    log_error("vhost: socket path too long: %s", path);
-    return -1;
+    bd_set_error("vhost: socket path too long: %s", path);
+    return -ENAMETOOLONG;
   }
   strcpy(sa.sun_path, path);
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -781,10 +781,11 @@ static int listen_on(const char *path) {
     unlink(path);
   if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 ||
       listen(s, 1) < 0) {
-    log_error("vhost: cannot listen on %s: %s", path, strerror(errno));
+    int e = errno;
+    bd_set_error("vhost: cannot listen on %s: %s", path, strerror(e));
     if (s >= 0)
       close(s);
-    return -1;
+    return -e;
   }
   return s;
 }
@@ -809,12 +810,14 @@ static int accept_one(int lsock, int stop_fd) {
 int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
               void (*ready)(void *), void *opaque) {
   if (!o->queues || o->queues > VHU_MAX_QUEUES) {
-    log_error("vhost: between 1 and %u queues", VHU_MAX_QUEUES);
-    return -1;
+    bd_set_error("vhost: between 1 and %u queues", VHU_MAX_QUEUES);
+    return -EINVAL;
   }
   struct vhu_dev *d = calloc(1, sizeof *d);
-  if (!d)
-    return -1;
+  if (!d) {
+    bd_set_error("vhost: %s", strerror(ENOMEM));
+    return -ENOMEM;
+  }
   d->o = o;
   vblk_dev_init(&d->blk, bd, o->readonly, (uint16_t)o->queues, 128, o->serial);
   for (unsigned q = 0; q < VHU_MAX_QUEUES; q++) {
@@ -827,7 +830,7 @@ int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
   int lsock = listen_on(o->socket_path);
   if (lsock < 0) {
     free(d);
-    return -1;
+    return lsock;
   }
   log_info("vhost: serving %s (%llu bytes%s) on %s, %u queue(s)",
            bd->description, (unsigned long long)bd->size,

@@ -32,7 +32,8 @@ struct vhu_options {
 
 /* Listen on o->socket_path and serve BD to front ends until STOP_FD
  * becomes readable (a signalfd, say).  READY, if not NULL, is called once
- * the socket accepts connections.  Returns 0, or -1 after logging why. */
+ * the socket accepts connections.  Returns 0, or -errno with bd_errmsg()
+ * set. */
 int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
               void (*ready)(void *), void *opaque);
 

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/blockdev.h"
 #include "core/log.h"
 #include "metrics.h"
 
@@ -60,16 +61,16 @@ bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
 static int listen_on(const char *text) {
   char host[256], port[8];
   if (!metrics_parse_addr(text, host, sizeof host, port, sizeof port)) {
-    log_error("--metrics %s: expected ADDR:PORT or [ADDR]:PORT", text);
-    return -1;
+    bd_set_error("--metrics %s: expected ADDR:PORT or [ADDR]:PORT", text);
+    return -EINVAL;
   }
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res;
   int r = getaddrinfo(host, port, &hints, &res);
   if (r != 0) {
-    log_error("--metrics %s: %s", text, gai_strerror(r));
-    return -1;
+    bd_set_error("--metrics %s: %s", text, gai_strerror(r));
+    return -EINVAL;
   }
   int fd =
           socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0),
@@ -78,10 +79,11 @@ static int listen_on(const char *text) {
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 ||
       listen(fd, 16) < 0) {
-    log_error("--metrics %s: %s", text, strerror(errno));
+    int e = errno;
+    bd_set_error("--metrics %s: %s", text, strerror(e));
     if (fd >= 0)
       close(fd);
-    fd = -1;
+    fd = -e;
   }
   freeaddrinfo(res);
   return fd;
@@ -235,13 +237,22 @@ static void *http_main(void *arg) {
 
 struct metrics_http *metrics_http_start(const char *text, struct metrics *m) {
   struct metrics_http *h = calloc(1, sizeof *h);
-  if (!h)
+  if (!h) {
+    bd_set_error("--metrics %s: %s", text, strerror(ENOMEM));
     return NULL;
+  }
   h->m = m;
+  h->lfd = -1;
   h->stopfd = eventfd(0, EFD_CLOEXEC);
-  h->lfd = listen_on(text);
-  if (h->lfd < 0 || h->stopfd < 0 ||
-      pthread_create(&h->thread, NULL, http_main, h) != 0) {
+  if (h->stopfd < 0)
+    bd_set_error("--metrics %s: %s", text, strerror(errno));
+  else if ((h->lfd = listen_on(text)) >= 0 &&
+           pthread_create(&h->thread, NULL, http_main, h) != 0) {
+    bd_set_error("--metrics %s: cannot start its thread", text);
+    close(h->lfd);
+    h->lfd = -1;
+  }
+  if (h->lfd < 0 || h->stopfd < 0) {
     if (h->lfd >= 0)
       close(h->lfd);
     if (h->stopfd >= 0)

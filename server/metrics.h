@@ -102,7 +102,8 @@ struct metrics_http;
 /* Parse ADDR:PORT ([V6ADDR]:PORT for IPv6).  False if malformed. */
 bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
                         char *port, size_t portlen);
-/* Bind TEXT (ADDR:PORT) and serve M on a thread; NULL on error (logged). */
+/* Bind TEXT (ADDR:PORT) and serve M on a thread; NULL on error, with the
+ * reason in bd_errmsg(). */
 struct metrics_http *metrics_http_start(const char *text, struct metrics *m);
 void metrics_http_stop(struct metrics_http *h);
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/blockdev.h"
 #include "core/log.h"
 
 /* PSK ciphersuites are not in GnuTLS's NORMAL set. */
@@ -57,13 +58,14 @@ static bool load_x509(struct tls_creds *cr, const char *dir) {
   snprintf(crl, sizeof crl, "%s/ca-crl.pem", dir);
   int r = gnutls_certificate_allocate_credentials(&cr->x509);
   if (r < 0) {
-    log_error("TLS: %s", gnutls_strerror(r));
+    bd_set_error("TLS: %s", gnutls_strerror(r));
     return false;
   }
   r = gnutls_certificate_set_x509_key_file(cr->x509, cert, key,
                                            GNUTLS_X509_FMT_PEM);
   if (r < 0) {
-    log_error("TLS: cannot load %s and %s: %s", cert, key, gnutls_strerror(r));
+    bd_set_error("TLS: cannot load %s and %s: %s", cert, key,
+                 gnutls_strerror(r));
     return false;
   }
   /* The CA is needed only to check clients' certificates. */
@@ -71,14 +73,14 @@ static bool load_x509(struct tls_creds *cr, const char *dir) {
     r = gnutls_certificate_set_x509_trust_file(cr->x509, ca,
                                                GNUTLS_X509_FMT_PEM);
     if (r <= 0) {
-      log_error("TLS: cannot load a CA certificate from %s: %s", ca,
-                r < 0 ? gnutls_strerror(r) : "none found");
+      bd_set_error("TLS: cannot load a CA certificate from %s: %s", ca,
+                   r < 0 ? gnutls_strerror(r) : "none found");
       return false;
     }
   }
   if (access(crl, F_OK) == 0 && (r = gnutls_certificate_set_x509_crl_file(
                                      cr->x509, crl, GNUTLS_X509_FMT_PEM)) < 0) {
-    log_error("TLS: cannot load %s: %s", crl, gnutls_strerror(r));
+    bd_set_error("TLS: cannot load %s: %s", crl, gnutls_strerror(r));
     return false;
   }
   gnutls_certificate_set_known_dh_params(cr->x509, GNUTLS_SEC_PARAM_MEDIUM);
@@ -90,7 +92,7 @@ static bool load_x509(struct tls_creds *cr, const char *dir) {
 static bool psk_file_usable(const char *path) {
   FILE *f = fopen(path, "r");
   if (!f) {
-    log_error("TLS: cannot read PSK file %s: %s", path, strerror(errno));
+    bd_set_error("TLS: cannot read PSK file %s: %s", path, strerror(errno));
     return false;
   }
   char line[1024];
@@ -99,8 +101,8 @@ static bool psk_file_usable(const char *path) {
     found = strchr(line, ':') != NULL;
   fclose(f);
   if (!found)
-    log_error("TLS: %s has no 'username:hexkey' line (psktool writes them)",
-              path);
+    bd_set_error("TLS: %s has no 'username:hexkey' line (psktool writes them)",
+                 path);
   return found;
 }
 
@@ -111,7 +113,7 @@ static bool load_psk(struct tls_creds *cr, const char *path) {
   if (r >= 0)
     r = gnutls_psk_set_server_credentials_file(cr->psk, path);
   if (r < 0) {
-    log_error("TLS: PSK file %s: %s", path, gnutls_strerror(r));
+    bd_set_error("TLS: PSK file %s: %s", path, gnutls_strerror(r));
     return false;
   }
   gnutls_psk_set_server_known_dh_params(cr->psk, GNUTLS_SEC_PARAM_MEDIUM);
@@ -122,7 +124,7 @@ struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
                                  const char *psk_file) {
   struct tls_creds *cr = calloc(1, sizeof *cr);
   if (!cr) {
-    log_error("TLS: out of memory");
+    bd_set_error("TLS: out of memory");
     return NULL;
   }
   cr->verify_peer = verify_peer;
@@ -134,7 +136,7 @@ struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
   int r =
       gnutls_priority_init(&cr->prio, psk_file ? PRIORITY_PSK : "NORMAL", &err);
   if (r < 0) {
-    log_error("TLS: priority string: %s", gnutls_strerror(r));
+    bd_set_error("TLS: priority string: %s", gnutls_strerror(r));
     goto fail;
   }
   return cr;

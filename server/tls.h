@@ -19,7 +19,7 @@ struct tls_session;
  * ca-cert.pem) and/or PSK keys from PSK_FILE (username:hexkey lines, as
  * psktool writes them; GnuTLS reads the file again at each handshake).
  * Either may be NULL, not both.  Returns them holding one reference, or
- * NULL after logging why. */
+ * NULL with the reason in bd_errmsg(). */
 struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
                                  const char *psk_file);
 /* References: a reload swaps the server's credentials while sessions
