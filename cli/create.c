@@ -12,10 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "formats/qcow2/create.h"
-#include "commands.h"
 
 static const char create_usage[] =
     "Usage: blockport create -f FMT [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
@@ -356,8 +356,8 @@ int create_main(int argc, char **argv) {
     a.q.size = a.size;
     a.q.backing_file = a.backing;
     a.q.backing_fmt = a.backing ? a.backing_fmt : NULL;
-    if (qcow2_create_layout(&a.q, &l, err, sizeof err) < 0) {
-      fprintf(stderr, "blockport create: %s: %s\n", a.file, err);
+    if (qcow2_create_layout(&a.q, &l) < 0) {
+      fprintf(stderr, "blockport create: %s: %s\n", a.file, bd_errmsg());
       return 1;
     }
   }
@@ -394,7 +394,9 @@ int create_main(int argc, char **argv) {
   }
   int r;
   if (qcow2) {
-    r = qcow2_create_write(fd, &a.q, &l, err, sizeof err);
+    r = qcow2_create_write(fd, &a.q, &l);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", bd_errmsg());
   } else {
     r = create_raw(&a, fd);
     if (r < 0)

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "commands.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
@@ -22,7 +23,6 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
-#include "commands.h"
 #include "server/wire.h" /* get_be16/32/64 */
 
 #define MAX_CHAIN 256
@@ -130,7 +130,9 @@ static int read_snapshots(int fd, struct image *im) {
     if (r == 0)
       r = qcow2_parse_snapshots(buf, len, h->nb_snapshots,
                                 1ull << h->cluster_bits, im->file_size,
-                                &im->snaps, &used, err, sizeof err);
+                                &im->snaps, &used);
+    if (r < 0 && r != -EIO)
+      snprintf(err, sizeof err, "%s", bd_errmsg());
     else
       snprintf(err, sizeof err, "%s", strerror(-r));
     free(buf);
@@ -213,16 +215,15 @@ static int read_qcow2(int fd, struct image *im) {
   uint8_t *hdr = malloc(len ? len : 1);
   if (!hdr)
     return fail("out of memory");
-  char err[256];
   int r = io_pread_exact(fd, hdr, len, 0);
   if (r < 0) {
     free(hdr);
     return fail("%s", strerror(-r));
   }
-  r = qcow2_parse_header(hdr, len, im->file_size, &im->h, err, sizeof err);
+  r = qcow2_parse_header(hdr, len, im->file_size, &im->h);
   if (r < 0) {
     free(hdr);
-    return fail("%s", err);
+    return fail("%s", bd_errmsg());
   }
   im->vsize = im->h.size;
   if (im->h.backing_offset) {

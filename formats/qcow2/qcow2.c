@@ -18,11 +18,11 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "server/wire.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"
 #include "qcow2-internal.h"
+#include "server/wire.h"
 
 /* Per image; 32 MiB maps 256 GiB of 64 KiB clusters. */
 uint64_t qcow2_l2_cache_bytes = 32u * 1024 * 1024;
@@ -578,11 +578,15 @@ static int read_header(struct qcow2dev *q, uint8_t **hdr) {
   if (!*hdr)
     return -ENOMEM;
   int r = io_pread_zero(q->fd, *hdr, len, 0);
-  char err[256];
-  if (r == 0)
-    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h, err, sizeof err);
   if (r < 0)
-    bd_set_error("qcow2 %s: %s", q->path, err);
+    qcow2_err(r, "%s", strerror(-r));
+  else
+    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h);
+  if (r < 0) {
+    char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_set_error("qcow2 %s: %s", q->path, why);
+  }
   return r;
 }
 
