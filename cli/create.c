@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
+#include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
 
 static const char create_usage[] =
@@ -254,20 +255,10 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
   return 0;
 }
 
-/* The backing file as opened: relative to the new image's directory. */
-static char *backing_path(const char *file, const char *backing) {
-  if (backing[0] == '/')
-    return strdup(backing);
-  char *copy = strdup(file), *out = NULL;
-  if (copy && asprintf(&out, "%s/%s", dirname(copy), backing) < 0)
-    out = NULL;
-  free(copy);
-  return out;
-}
-
 /* Probe the backing file's format and size (unless -u). */
 static int check_backing(struct create_args *a) {
-  char *path = backing_path(a->file, a->backing);
+  /* The backing file as opened: relative to the new image's directory. */
+  char *path = qcow2_backing_path(a->file, a->backing);
   if (!path) {
     fprintf(stderr, "blockport create: out of memory\n");
     return -1;

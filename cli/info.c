@@ -21,6 +21,7 @@
 #include "core/io.h"
 #include "formats/formats.h"
 #include "formats/probe.h"
+#include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/info.h"
 
 #define MAX_CHAIN 256
@@ -82,23 +83,12 @@ static const char *without_path(const char *msg, const char *path) {
   return msg;
 }
 
-/* The backing file name as QEMU combines it with the image's path. */
-static char *combine_path(const char *image, const char *name) {
-  const char *slash = strrchr(image, '/');
-  if (name[0] == '/' || !slash)
-    return strdup(name);
-  char *out = NULL;
-  if (asprintf(&out, "%.*s%s", (int)(slash - image + 1), image, name) < 0)
-    return NULL;
-  return out;
-}
-
 static int read_qcow2(int fd, struct image *im) {
   if (qcow2_read_info(fd, im->file_size, &im->q) < 0)
     return fail("%s", bd_errmsg());
   im->vsize = im->q.size;
   if (im->q.backing &&
-      !(im->full_backing = combine_path(im->filename, im->q.backing)))
+      !(im->full_backing = qcow2_backing_path(im->filename, im->q.backing)))
     return fail("out of memory");
   return 0;
 }

@@ -5,7 +5,6 @@
  * one cached slice, and data is read with pread outside any lock. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "backing-path.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
@@ -445,22 +445,6 @@ struct chain {
 static struct bd *qcow2_open_chain(const char *path, unsigned flags,
                                    const struct chain *chain);
 
-/* NAME relative to the directory of the image at PATH, as QEMU does. */
-static char *resolve_relative(const char *path, const char *name) {
-  if (name[0] == '/')
-    return strdup(name);
-  char *copy = strdup(path);
-  if (!copy)
-    return NULL;
-  char *out = NULL, *dir = dirname(copy);
-  if (!strcmp(dir, "."))
-    out = strdup(name); /* as QEMU names it: no "./" */
-  else if (asprintf(&out, "%s/%s", dir, name) < 0)
-    out = NULL;
-  free(copy);
-  return out;
-}
-
 static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
                                const struct chain *chain) {
   char name[QCOW2_MAX_BACKING_NAME + 1];
@@ -471,11 +455,9 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
                  name);
     return NULL;
   }
-  char *bpath = resolve_relative(q->path, name);
-  if (!bpath) {
-    bd_set_error("out of memory");
+  char *bpath = qcow2_backing_path(q->path, name);
+  if (!bpath)
     return NULL;
-  }
   const char *fmt =
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   /* Read-only, and locked as QEMU locks a backing file: shared with other
@@ -530,7 +512,7 @@ static int open_data_file(struct qcow2dev *q) {
     bd_set_error("qcow2 %s: external data file without a name", q->path);
     return -EINVAL;
   }
-  char *dpath = resolve_relative(q->path, q->h.data_file);
+  char *dpath = qcow2_backing_path(q->path, q->h.data_file);
   /* Opened for writing when the image is. */
   int mode = fcntl(q->fd, F_GETFL) & O_ACCMODE;
   q->data_fd = dpath ? open(dpath, mode | O_CLOEXEC) : -1;
