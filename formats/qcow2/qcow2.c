@@ -471,8 +471,12 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   else
     bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
                  fmt);
-  if (!b)
-    log_error("qcow2 %s: cannot open backing file %s", q->path, bpath);
+  if (!b) { /* the reason, with where it comes from, goes to the caller */
+    char why[512]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_set_error("qcow2 %s: cannot open backing file %s: %s", q->path, bpath,
+                 why);
+  }
   free(bpath);
   return b;
 }
