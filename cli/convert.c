@@ -218,9 +218,11 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
     struct qcow2_create_opts o = {
         .size = size, .version = 3, .cluster_bits = 16, .refcount_order = 4};
     struct qcow2_layout l;
-    r = qcow2_create_layout(&o, &l, err, sizeof err);
+    r = qcow2_create_layout(&o, &l);
     if (r == 0)
-      r = qcow2_create_write(fd, &o, &l, err, sizeof err);
+      r = qcow2_create_write(fd, &o, &l);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", bd_errmsg());
   }
   close(fd);
   if (r < 0)

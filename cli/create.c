@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 
 #include "core/blockdev.h"
 #include "core/filelock.h"
+#include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
 
 #include "cli.h"
@@ -255,20 +255,10 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
   return 0;
 }
 
-/* The backing file as opened: relative to the new image's directory. */
-static char *backing_path(const char *file, const char *backing) {
-  if (backing[0] == '/')
-    return strdup(backing);
-  char *copy = strdup(file), *out = NULL;
-  if (copy && asprintf(&out, "%s/%s", dirname(copy), backing) < 0)
-    out = NULL;
-  free(copy);
-  return out;
-}
-
 /* Probe the backing file's format and size (unless -u). */
 static int check_backing(struct create_args *a) {
-  char *path = backing_path(a->file, a->backing);
+  /* The backing file as opened: relative to the new image's directory. */
+  char *path = qcow2_backing_path(a->file, a->backing);
   if (!path) {
     fprintf(stderr, "blockport create: out of memory\n");
     return -1;
@@ -357,8 +347,8 @@ int create_main(int argc, char **argv) {
     a.q.size = a.size;
     a.q.backing_file = a.backing;
     a.q.backing_fmt = a.backing ? a.backing_fmt : NULL;
-    if (qcow2_create_layout(&a.q, &l, err, sizeof err) < 0) {
-      cli_error("create", a.file, "%s", err);
+    if (qcow2_create_layout(&a.q, &l) < 0) {
+      cli_error("create", a.file, "%s", bd_errmsg());
       return 1;
     }
   }
@@ -395,7 +385,9 @@ int create_main(int argc, char **argv) {
   }
   int r;
   if (qcow2) {
-    r = qcow2_create_write(fd, &a.q, &l, err, sizeof err);
+    r = qcow2_create_write(fd, &a.q, &l);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", bd_errmsg());
   } else {
     r = create_raw(&a, fd);
     if (r < 0)

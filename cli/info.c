@@ -15,7 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "commands.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
@@ -23,14 +22,13 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
-#include "core/byteorder.h"
 
 #include "cli.h"
 #include "commands.h"
+#include "formats/qcow2/backing-path.h"
+#include "formats/qcow2/info.h"
 
 #define MAX_CHAIN 256
-#define MAX_BITMAPS 65535
-#define MAX_BITMAP_DIR (64u * 1024 * 1024)
 
 static const char info_usage[] =
     "Usage: blockport info [OPTIONS] IMAGE\n"
@@ -50,12 +48,6 @@ static const char info_usage[] =
     "Exit status: 0 success, 1 bad usage, or the image cannot be read or\n"
     "is corrupt.\n";
 
-struct bitmap_info {
-  char *name;
-  uint32_t flags;
-  unsigned granularity_bits;
-};
-
 struct image {
   char *filename;
   const char *format;
@@ -63,35 +55,30 @@ struct image {
   dev_t dev;
   ino_t ino;
   bool qcow2;
-  bool remote; /* an NBD export: no file, so no disk or file size */
-  struct qcow2_header h;
-  char *backing, *full_backing; /* NULL without a backing file */
-  struct qcow2_snapshot *snaps;
-  uint32_t nsnaps;
-  struct bitmap_info *bitmaps;
-  uint32_t nbitmaps;
+  bool remote;         /* an NBD export: no file, so no disk or file size */
+  struct qcow2_info q; /* when qcow2 */
+  char *full_backing;  /* q.backing as opened; NULL without one */
 };
 
-static char errbuf[512];
 static bool force_share; /* -U */
 
+/* -1 with the reason in bd_errmsg() (formatted first: an argument may be
+ * bd_errmsg() itself). */
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...) {
+  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  bd_set_error("%s", msg);
   return -1;
 }
 
 static void free_image(struct image *im) {
   free(im->filename);
-  free(im->backing);
   free(im->full_backing);
-  qcow2_free_snapshots(im->snaps, im->nsnaps);
-  for (uint32_t i = 0; i < im->nbitmaps; i++)
-    free(im->bitmaps[i].name);
-  free(im->bitmaps);
+  qcow2_info_free(&im->q);
   memset(im, 0, sizeof *im);
 }
 
@@ -103,145 +90,14 @@ static const char *without_path(const char *msg, const char *path) {
   return msg;
 }
 
-/* The backing file name as QEMU combines it with the image's path. */
-static char *combine_path(const char *image, const char *name) {
-  const char *slash = strrchr(image, '/');
-  if (name[0] == '/' || !slash)
-    return strdup(name);
-  char *out = NULL;
-  if (asprintf(&out, "%.*s%s", (int)(slash - image + 1), image, name) < 0)
-    return NULL;
-  return out;
-}
-
-static int read_snapshots(int fd, struct image *im) {
-  const struct qcow2_header *h = &im->h;
-  if (!h->nb_snapshots)
-    return 0;
-  /* qcow2_parse_header checked that the table starts inside the file. */
-  uint64_t avail = im->file_size - h->snapshots_offset;
-  if (avail > QCOW2_MAX_SNAPSHOTS_BYTES)
-    avail = QCOW2_MAX_SNAPSHOTS_BYTES;
-  size_t len = avail < 65536 ? (size_t)avail : 65536;
-  char err[256];
-  for (;;) {
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-      return fail("out of memory");
-    int r = io_pread_exact(fd, buf, len, h->snapshots_offset);
-    size_t used;
-    if (r == 0)
-      r = qcow2_parse_snapshots(buf, len, h->nb_snapshots,
-                                1ull << h->cluster_bits, im->file_size,
-                                &im->snaps, &used, err, sizeof err);
-    else
-      snprintf(err, sizeof err, "%s", strerror(-r));
-    free(buf);
-    if (r == 0) {
-      im->nsnaps = h->nb_snapshots;
-      return 0;
-    }
-    if (r != -ENOSPC || len >= avail)
-      return fail("corrupt snapshot table: %s%s", err,
-                  r == -ENOSPC ? " (past the end of the file)" : "");
-    len = len * 4 < avail ? len * 4 : (size_t)avail;
-  }
-}
-
-/* The bitmaps header extension, then the bitmap directory. */
-static int read_bitmaps(int fd, struct image *im, const uint8_t *hdr,
-                        size_t hlen) {
-  size_t end =
-      hlen < (1ull << im->h.cluster_bits) ? hlen : 1ull << im->h.cluster_bits;
-  size_t off = im->h.header_length;
-  const uint8_t *ext = NULL;
-  while (off + 8 <= end) {
-    uint32_t type = get_be32(hdr + off), elen = get_be32(hdr + off + 4);
-    off += 8;
-    if (type == QCOW2_EXT_END || elen > end - off)
-      break;
-    if (type == QCOW2_EXT_BITMAPS && elen >= 24) {
-      ext = hdr + off;
-      break;
-    }
-    off += ((uint64_t)elen + 7) & ~7ull;
-  }
-  if (!ext || !(im->h.autoclear & QCOW2_AUTOCLEAR_BITMAPS))
-    return 0; /* without the autoclear bit the bitmaps are stale */
-  uint32_t nb = get_be32(ext);
-  uint64_t dsize = get_be64(ext + 8), doff = get_be64(ext + 16);
-  if (nb == 0 || nb > MAX_BITMAPS || dsize > MAX_BITMAP_DIR ||
-      doff > im->file_size || dsize > im->file_size - doff)
-    return fail("corrupt bitmaps extension (%u bitmaps, directory at 0x%llx, "
-                "%llu bytes)",
-                nb, (unsigned long long)doff, (unsigned long long)dsize);
-  uint8_t *dir = malloc(dsize ? dsize : 1);
-  im->bitmaps = calloc(nb, sizeof *im->bitmaps);
-  if (!dir || !im->bitmaps) {
-    free(dir);
-    return fail("out of memory");
-  }
-  int r = io_pread_exact(fd, dir, dsize, doff);
-  size_t p = 0;
-  for (uint32_t i = 0; r == 0 && i < nb; i++) {
-    if (dsize - p < 24) {
-      r = fail("corrupt bitmap directory: entry %u is truncated", i);
-      break;
-    }
-    const uint8_t *e = dir + p;
-    uint32_t name_len = get_be16(e + 18), extra = get_be32(e + 20);
-    uint64_t elen = (24ull + extra + name_len + 7) & ~7ull;
-    if (elen > dsize - p || name_len == 0) {
-      r = fail("corrupt bitmap directory: entry %u is truncated", i);
-      break;
-    }
-    struct bitmap_info *b = &im->bitmaps[i];
-    b->flags = get_be32(e + 12);
-    b->granularity_bits = e[17];
-    b->name = strndup((const char *)e + 24 + extra, name_len);
-    im->nbitmaps = i + 1;
-    if (!b->name || memchr(e + 24 + extra, 0, name_len) ||
-        b->granularity_bits > 63)
-      r = fail("corrupt bitmap directory: entry %u", i);
-    p += elen;
-  }
-  if (r < 0 && !errbuf[0])
-    fail("%s", strerror(-r));
-  free(dir);
-  return r < 0 ? -1 : 0;
-}
-
 static int read_qcow2(int fd, struct image *im) {
-  size_t len = im->file_size < (2u << 20) ? (size_t)im->file_size : (2u << 20);
-  uint8_t *hdr = malloc(len ? len : 1);
-  if (!hdr)
+  if (qcow2_read_info(fd, im->file_size, &im->q) < 0)
+    return fail("%s", bd_errmsg());
+  im->vsize = im->q.size;
+  if (im->q.backing &&
+      !(im->full_backing = qcow2_backing_path(im->filename, im->q.backing)))
     return fail("out of memory");
-  char err[256];
-  int r = io_pread_exact(fd, hdr, len, 0);
-  if (r < 0) {
-    free(hdr);
-    return fail("%s", strerror(-r));
-  }
-  r = qcow2_parse_header(hdr, len, im->file_size, &im->h, err, sizeof err);
-  if (r < 0) {
-    free(hdr);
-    return fail("%s", err);
-  }
-  im->vsize = im->h.size;
-  if (im->h.backing_offset) {
-    im->backing =
-        strndup((const char *)hdr + im->h.backing_offset, im->h.backing_size);
-    im->full_backing =
-        im->backing ? combine_path(im->filename, im->backing) : NULL;
-    if (!im->full_backing)
-      r = fail("out of memory");
-  }
-  if (r == 0)
-    r = read_bitmaps(fd, im, hdr, len);
-  free(hdr);
-  if (r == 0)
-    r = read_snapshots(fd, im);
-  return r;
+  return 0;
 }
 
 /* An NBD export shows only its guest view: a raw disk of some size. */
@@ -258,7 +114,6 @@ static int read_remote(const char *uri, struct image *im) {
 
 static int read_image(const char *path, const char *format, struct image *im) {
   memset(im, 0, sizeof *im);
-  errbuf[0] = 0;
   if (!(im->filename = strdup(path)))
     return fail("out of memory");
   if (nbdsrc_is_uri(path))
@@ -365,10 +220,6 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
-static const char *compression_name(const struct qcow2_header *h) {
-  return h->compression_type == 1 ? "zstd" : "zlib";
-}
-
 static void print_snapshot_line(const struct qcow2_snapshot *s) {
   char size[32], date[32], clock[32], icount[24] = "";
   human_size(size, sizeof size, s->vm_state_size);
@@ -401,34 +252,33 @@ static void print_human(const struct image *im) {
          im->file_size);
   if (!im->qcow2)
     return;
-  const struct qcow2_header *h = &im->h;
-  printf("cluster_size: %llu\n", 1ull << h->cluster_bits);
-  if (im->backing) {
-    printf("backing file: %s", im->backing);
-    if (strcmp(im->backing, im->full_backing))
+  const struct qcow2_info *q = &im->q;
+  printf("cluster_size: %" PRIu64 "\n", q->cluster_size);
+  if (q->backing) {
+    printf("backing file: %s", q->backing);
+    if (strcmp(q->backing, im->full_backing))
       printf(" (actual path: %s)", im->full_backing);
     printf("\n");
-    if (h->backing_format[0])
-      printf("backing file format: %s\n", h->backing_format);
+    if (q->backing_format[0])
+      printf("backing file format: %s\n", q->backing_format);
   }
-  if (h->incompatible & QCOW2_INCOMPAT_DIRTY)
+  if (q->dirty)
     printf("cleanly shut down: no\n");
-  if (im->nsnaps) {
+  if (q->nsnaps) {
     printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
            "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
-    for (uint32_t i = 0; i < im->nsnaps; i++)
-      print_snapshot_line(&im->snaps[i]);
+    for (uint32_t i = 0; i < q->nsnaps; i++)
+      print_snapshot_line(&q->snaps[i]);
   }
   printf("Format specific information:\n");
-  printf("    compat: %s\n", h->version >= 3 ? "1.1" : "0.10");
-  printf("    compression type: %s\n", compression_name(h));
-  if (h->version >= 3)
-    printf("    lazy refcounts: %s\n",
-           h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS ? "true" : "false");
-  if (im->nbitmaps) {
+  printf("    compat: %s\n", q->version >= 3 ? "1.1" : "0.10");
+  printf("    compression type: %s\n", q->compression);
+  if (q->version >= 3)
+    printf("    lazy refcounts: %s\n", q->lazy_refcounts ? "true" : "false");
+  if (q->nbitmaps) {
     printf("    bitmaps:\n");
-    for (uint32_t i = 0; i < im->nbitmaps; i++) {
-      const struct bitmap_info *bm = &im->bitmaps[i];
+    for (uint32_t i = 0; i < q->nbitmaps; i++) {
+      const struct qcow2_bitmap *bm = &q->bitmaps[i];
       printf("        [%u]:\n            flags:\n", i);
       if (bm->flags & 1)
         printf("                [0]: in-use\n");
@@ -438,18 +288,15 @@ static void print_human(const struct image *im) {
              1ull << bm->granularity_bits);
     }
   }
-  printf("    refcount bits: %u\n", 1u << h->refcount_order);
-  if (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) {
-    printf("    data file: %s\n", h->data_file);
-    printf("    data file raw: %s\n",
-           h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW ? "true" : "false");
+  printf("    refcount bits: %u\n", q->refcount_bits);
+  if (q->has_data_file) {
+    printf("    data file: %s\n", q->data_file);
+    printf("    data file raw: %s\n", q->data_file_raw ? "true" : "false");
   }
-  if (h->version < 3)
+  if (q->version < 3)
     return; /* QEMU shows these for version 3 only */
-  printf("    corrupt: %s\n",
-         h->incompatible & QCOW2_INCOMPAT_CORRUPT ? "true" : "false");
-  printf("    extended l2: %s\n",
-         h->incompatible & QCOW2_INCOMPAT_EXTL2 ? "true" : "false");
+  printf("    corrupt: %s\n", q->corrupt ? "true" : "false");
+  printf("    extended l2: %s\n", q->extended_l2 ? "true" : "false");
 }
 
 static const char *tf(bool b) {
@@ -457,7 +304,7 @@ static const char *tf(bool b) {
 }
 
 static void print_json(const struct image *im, const char *ind) {
-  const struct qcow2_header *h = &im->h;
+  const struct qcow2_info *q = &im->q;
   printf("%s{\n%s    \"filename\": ", ind, ind);
   json_str(im->filename);
   printf(",\n%s    \"format\": \"%s\",\n", ind, im->format);
@@ -467,23 +314,23 @@ static void print_json(const struct image *im, const char *ind) {
     printf("%s    \"file-length\": %" PRIu64 ",\n", ind, im->file_size);
   }
   if (im->qcow2) {
-    printf("%s    \"cluster-size\": %llu,\n", ind, 1ull << h->cluster_bits);
-    if (im->backing) {
+    printf("%s    \"cluster-size\": %" PRIu64 ",\n", ind, q->cluster_size);
+    if (q->backing) {
       printf("%s    \"backing-filename\": ", ind);
-      json_str(im->backing);
+      json_str(q->backing);
       printf(",\n%s    \"full-backing-filename\": ", ind);
       json_str(im->full_backing);
       printf(",\n");
-      if (h->backing_format[0]) {
+      if (q->backing_format[0]) {
         printf("%s    \"backing-filename-format\": ", ind);
-        json_str(h->backing_format);
+        json_str(q->backing_format);
         printf(",\n");
       }
     }
-    if (im->nsnaps) {
+    if (q->nsnaps) {
       printf("%s    \"snapshots\": [\n", ind);
-      for (uint32_t i = 0; i < im->nsnaps; i++) {
-        const struct qcow2_snapshot *s = &im->snaps[i];
+      for (uint32_t i = 0; i < q->nsnaps; i++) {
+        const struct qcow2_snapshot *s = &q->snaps[i];
         printf("%s        {\n%s            \"id\": ", ind, ind);
         json_str(s->id);
         printf(",\n%s            \"name\": ", ind);
@@ -498,7 +345,7 @@ static void print_json(const struct image *im, const char *ind) {
           printf("%s            \"icount\": %" PRIu64 ",\n", ind, s->icount);
         printf("%s            \"vm-clock-nsec\": %" PRIu64 "\n", ind,
                s->vm_clock_nsec % 1000000000);
-        printf("%s        }%s\n", ind, i + 1 < im->nsnaps ? "," : "");
+        printf("%s        }%s\n", ind, i + 1 < q->nsnaps ? "," : "");
       }
       printf("%s    ],\n", ind);
     }
@@ -507,16 +354,15 @@ static void print_json(const struct image *im, const char *ind) {
            ind, ind, ind);
     const char *d = "            ";
     printf("%s%s\"compat\": \"%s\",\n", ind, d,
-           h->version >= 3 ? "1.1" : "0.10");
-    printf("%s%s\"compression-type\": \"%s\",\n", ind, d, compression_name(h));
-    bool v3 = h->version >= 3;
+           q->version >= 3 ? "1.1" : "0.10");
+    printf("%s%s\"compression-type\": \"%s\",\n", ind, d, q->compression);
+    bool v3 = q->version >= 3;
     if (v3)
-      printf("%s%s\"lazy-refcounts\": %s,\n", ind, d,
-             tf(h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS));
-    if (im->nbitmaps) {
+      printf("%s%s\"lazy-refcounts\": %s,\n", ind, d, tf(q->lazy_refcounts));
+    if (q->nbitmaps) {
       printf("%s%s\"bitmaps\": [\n", ind, d);
-      for (uint32_t i = 0; i < im->nbitmaps; i++) {
-        const struct bitmap_info *bm = &im->bitmaps[i];
+      for (uint32_t i = 0; i < q->nbitmaps; i++) {
+        const struct qcow2_bitmap *bm = &q->bitmaps[i];
         printf("%s%s    {\"flags\": [", ind, d);
         if (bm->flags & 1)
           printf("\"in-use\"%s", bm->flags & 2 ? ", " : "");
@@ -525,28 +371,26 @@ static void print_json(const struct image *im, const char *ind) {
         printf("], \"name\": ");
         json_str(bm->name);
         printf(", \"granularity\": %llu}%s\n", 1ull << bm->granularity_bits,
-               i + 1 < im->nbitmaps ? "," : "");
+               i + 1 < q->nbitmaps ? "," : "");
       }
       printf("%s%s],\n", ind, d);
     }
-    printf("%s%s\"refcount-bits\": %u%s\n", ind, d, 1u << h->refcount_order,
-           v3 || (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) ? "," : "");
-    if (h->incompatible & QCOW2_INCOMPAT_DATA_FILE) {
+    printf("%s%s\"refcount-bits\": %u%s\n", ind, d, q->refcount_bits,
+           v3 || (q->has_data_file) ? "," : "");
+    if (q->has_data_file) {
       printf("%s%s\"data-file\": ", ind, d);
-      json_str(h->data_file);
-      printf(",\n%s%s\"data-file-raw\": %s%s\n", ind, d,
-             tf(h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW), v3 ? "," : "");
+      json_str(q->data_file);
+      printf(",\n%s%s\"data-file-raw\": %s%s\n", ind, d, tf(q->data_file_raw),
+             v3 ? "," : "");
     }
     if (v3) {
-      printf("%s%s\"corrupt\": %s,\n", ind, d,
-             tf(h->incompatible & QCOW2_INCOMPAT_CORRUPT));
-      printf("%s%s\"extended-l2\": %s\n", ind, d,
-             tf(h->incompatible & QCOW2_INCOMPAT_EXTL2));
+      printf("%s%s\"corrupt\": %s,\n", ind, d, tf(q->corrupt));
+      printf("%s%s\"extended-l2\": %s\n", ind, d, tf(q->extended_l2));
     }
     printf("%s        }\n%s    },\n", ind, ind);
   }
-  printf("%s    \"dirty-flag\": %s\n%s}", ind,
-         tf(im->qcow2 && (h->incompatible & QCOW2_INCOMPAT_DIRTY)), ind);
+  printf("%s    \"dirty-flag\": %s\n%s}", ind, tf(im->qcow2 && (q->dirty)),
+         ind);
 }
 
 int info_main(int argc, char **argv) {
@@ -605,13 +449,13 @@ int info_main(int argc, char **argv) {
     int r = read_image(path, format, im);
     n++;
     if (r < 0) {
-      cli_error("info", path, "%s", errbuf);
+      cli_error("info", path, "%s", bd_errmsg());
       ret = 1;
       break;
     }
-    if (!chain || !im->backing)
+    if (!chain || !im->q.backing)
       break;
-    format = im->h.backing_format[0] ? im->h.backing_format : NULL;
+    format = im->q.backing_format[0] ? im->q.backing_format : NULL;
     if (format && strcmp(format, "raw") && strcmp(format, "qcow2")) {
       cli_error("info", im->filename, "backing format '%s' is not supported",
                 format);

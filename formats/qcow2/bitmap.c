@@ -33,8 +33,7 @@ uint64_t qcow2_bitmap_table_entries(uint64_t size, unsigned gran_bits,
 
 /* The fixed part of one entry, checked as QEMU's check_dir_entry(). */
 static int check_entry(const struct qcow2_bitmap *b, const uint8_t *p,
-                       unsigned cluster_bits, uint64_t image_size, uint32_t i,
-                       char *err, size_t errlen) {
+                       unsigned cluster_bits, uint64_t image_size, uint32_t i) {
   uint64_t phys = (uint64_t)b->table_size << cluster_bits;
   bool bad = b->table_size == 0 || b->table_offset == 0 ||
              b->table_offset % (1ull << cluster_bits) ||
@@ -49,20 +48,18 @@ static int check_entry(const struct qcow2_bitmap *b, const uint8_t *p,
       image_size > (phys * 8) << b->granularity_bits)
     bad = true;
   if (bad)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "bitmap %u ('%s') does not satisfy the constraints", i,
-                      b->name);
+    return qcow2_err(-EINVAL,
+                     "bitmap %u ('%s') does not satisfy the constraints", i,
+                     b->name);
   return 0;
 }
 
 /* Entry I at P, AVAIL bytes to the end of the directory; *ELEN its size. */
 static int parse_one(const uint8_t *p, size_t avail, uint32_t i,
                      unsigned cluster_bits, uint64_t image_size,
-                     struct qcow2_bitmap *b, size_t *elen, char *err,
-                     size_t errlen) {
+                     struct qcow2_bitmap *b, size_t *elen) {
   if (avail < 24)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "bitmap directory is truncated (entry %u)", i);
+    return qcow2_err(-EINVAL, "bitmap directory is truncated (entry %u)", i);
   b->table_offset = get_be64(p);
   b->table_size = get_be32(p + 8);
   b->flags = get_be32(p + 12);
@@ -70,35 +67,32 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i,
   uint32_t name_size = get_be16(p + 18), extra = get_be32(p + 20);
   uint64_t total = (24ull + name_size + extra + 7) & ~7ull;
   if (total > avail)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "bitmap directory is truncated (entry %u)", i);
+    return qcow2_err(-EINVAL, "bitmap directory is truncated (entry %u)", i);
   if (extra != 0)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "bitmap %u has extra data, which is not supported", i);
+    return qcow2_err(-EINVAL,
+                     "bitmap %u has extra data, which is not supported", i);
   if (name_size > QCOW2_BITMAP_MAX_NAME)
-    return qcow2_errf(err, errlen, -EINVAL, "bitmap %u: name too long", i);
+    return qcow2_err(-EINVAL, "bitmap %u: name too long", i);
   b->name = malloc(name_size + 1u);
   if (!b->name)
-    return -ENOMEM;
+    return qcow2_err(-ENOMEM, "out of memory");
   memcpy(b->name, p + 24, name_size);
   b->name[name_size] = 0;
   *elen = (size_t)total;
-  return check_entry(b, p, cluster_bits, image_size, i, err, errlen);
+  return check_entry(b, p, cluster_bits, image_size, i);
 }
 
 int qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
                            unsigned cluster_bits, uint64_t image_size,
-                           struct qcow2_bitmap **out, char *err,
-                           size_t errlen) {
+                           struct qcow2_bitmap **out) {
   *out = NULL;
   if (len == 0 || len > QCOW2_MAX_BITMAP_DIR || nb == 0 ||
       nb > QCOW2_MAX_BITMAPS)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "invalid bitmap directory (%zu bytes, %u bitmaps)", len,
-                      nb);
+    return qcow2_err(
+        -EINVAL, "invalid bitmap directory (%zu bytes, %u bitmaps)", len, nb);
   struct qcow2_bitmap *b = calloc(nb, sizeof *b);
   if (!b)
-    return -ENOMEM;
+    return qcow2_err(-ENOMEM, "out of memory");
   size_t pos = 0;
   uint32_t i = 0;
   int r = 0;
@@ -106,14 +100,14 @@ int qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
     size_t elen = 0;
     b[i].dir_pos = (uint32_t)pos;
     r = parse_one(dir + pos, len - pos, i, cluster_bits, image_size, &b[i],
-                  &elen, err, errlen);
+                  &elen);
     pos += elen;
   }
   if (r == 0 && (i != nb || pos != len))
-    r = qcow2_errf(err, errlen, -EINVAL,
-                   "bitmap directory holds %s bitmaps than the %u the header "
-                   "names",
-                   i < nb ? "fewer" : "more", nb);
+    r = qcow2_err(-EINVAL,
+                  "bitmap directory holds %s bitmaps than the %u the header "
+                  "names",
+                  i < nb ? "fewer" : "more", nb);
   if (r < 0) {
     qcow2_free_bitmaps(b, nb);
     return r;

@@ -36,10 +36,10 @@ struct qcow2_bitmap {
 
 /* Parse the directory in DIR (LEN bytes) of NB bitmaps of an image of
  * IMAGE_SIZE bytes.  Returns 0 with *OUT (free with qcow2_free_bitmaps), or
- * -EINVAL with a reason in ERR. */
+ * -EINVAL with a reason in bd_errmsg(). */
 int qcow2_parse_bitmap_dir(const uint8_t *dir, size_t len, uint32_t nb,
                            unsigned cluster_bits, uint64_t image_size,
-                           struct qcow2_bitmap **out, char *err, size_t errlen);
+                           struct qcow2_bitmap **out);
 void qcow2_free_bitmaps(struct qcow2_bitmap *b, uint32_t nb);
 
 /* Whether a bitmap table entry is well-formed. */

@@ -39,64 +39,56 @@ static const struct {
 #define NFEATURES (sizeof features / sizeof features[0])
 #define FEATURE_TABLE_BYTES (8 + NFEATURES * 48)
 
-static int check_opts(const struct qcow2_create_opts *o, char *err,
-                      size_t errlen) {
+static int check_opts(const struct qcow2_create_opts *o) {
   if (o->version != 2 && o->version != 3)
-    return qcow2_errf(err, errlen, -EINVAL, "unsupported qcow2 version %u",
-                      o->version);
+    return qcow2_err(-EINVAL, "unsupported qcow2 version %u", o->version);
   if (o->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
       o->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "cluster size must be a power of two between 512 and 2M");
+    return qcow2_err(-EINVAL,
+                     "cluster size must be a power of two between 512 and 2M");
   if (o->refcount_order > 6)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "refcount width must be a power of two up to 64 bits");
+    return qcow2_err(-EINVAL,
+                     "refcount width must be a power of two up to 64 bits");
   if (o->size % 512)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "virtual size must be a multiple of 512 bytes");
+    return qcow2_err(-EINVAL, "virtual size must be a multiple of 512 bytes");
   if (o->size > (1ull << 56))
-    return qcow2_errf(err, errlen, -EFBIG,
-                      "virtual size is too large (max 64 PiB)");
+    return qcow2_err(-EFBIG, "virtual size is too large (max 64 PiB)");
   if (o->version == 2) {
     if (o->refcount_order != 4)
-      return qcow2_errf(err, errlen, -EINVAL,
-                        "refcount widths other than 16 bits need compat=1.1");
+      return qcow2_err(-EINVAL,
+                       "refcount widths other than 16 bits need compat=1.1");
     if (o->extended_l2)
-      return qcow2_errf(err, errlen, -EINVAL,
-                        "extended L2 entries need compat=1.1");
+      return qcow2_err(-EINVAL, "extended L2 entries need compat=1.1");
     if (o->lazy_refcounts)
-      return qcow2_errf(err, errlen, -EINVAL, "lazy refcounts need compat=1.1");
+      return qcow2_err(-EINVAL, "lazy refcounts need compat=1.1");
     if (o->compression_type != 0)
-      return qcow2_errf(err, errlen, -EINVAL,
-                        "compression types other than zlib need compat=1.1");
+      return qcow2_err(-EINVAL,
+                       "compression types other than zlib need compat=1.1");
   }
   if (o->compression_type > 1)
-    return qcow2_errf(err, errlen, -EINVAL, "unknown compression type %u",
-                      o->compression_type);
+    return qcow2_err(-EINVAL, "unknown compression type %u",
+                     o->compression_type);
   if (o->extended_l2 && o->cluster_bits < 14)
-    return qcow2_errf(
-        err, errlen, -EINVAL,
-        "extended L2 entries need a cluster size of at least 16k");
+    return qcow2_err(-EINVAL,
+                     "extended L2 entries need a cluster size of at least 16k");
   if (o->backing_file &&
       (!o->backing_file[0] || strlen(o->backing_file) > QCOW2_MAX_BACKING_NAME))
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "backing file name must be 1 to %d bytes long",
-                      QCOW2_MAX_BACKING_NAME);
+    return qcow2_err(-EINVAL, "backing file name must be 1 to %d bytes long",
+                     QCOW2_MAX_BACKING_NAME);
   if (o->backing_fmt &&
       (!o->backing_file || !o->backing_fmt[0] || strlen(o->backing_fmt) > 31))
-    return qcow2_errf(err, errlen, -EINVAL,
-                      o->backing_file
-                          ? "invalid backing format name"
-                          : "a backing format needs a backing file");
+    return qcow2_err(-EINVAL, o->backing_file
+                                  ? "invalid backing format name"
+                                  : "a backing format needs a backing file");
   if (o->backing_file && o->prealloc != QCOW2_PREALLOC_OFF)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "preallocation and a backing file cannot be combined");
+    return qcow2_err(-EINVAL,
+                     "preallocation and a backing file cannot be combined");
   return 0;
 }
 
 /* Header, extensions and backing file name in cluster 0. */
 static int layout_header(const struct qcow2_create_opts *o,
-                         struct qcow2_layout *l, char *err, size_t errlen) {
+                         struct qcow2_layout *l) {
   l->header_length = o->version == 3 ? 112 : 72;
   uint64_t off = l->header_length;
   if (o->backing_fmt)
@@ -104,8 +96,8 @@ static int layout_header(const struct qcow2_create_opts *o,
   uint64_t bslen = o->backing_file ? strlen(o->backing_file) : 0;
   uint64_t need = off + 8 + bslen; /* + end of extensions */
   if (need > l->csize)
-    return qcow2_errf(
-        err, errlen, -EINVAL,
+    return qcow2_err(
+        -EINVAL,
         "backing file name does not fit in the first cluster (%llu "
         "bytes); use a larger cluster size",
         (unsigned long long)l->csize);
@@ -119,23 +111,23 @@ static int layout_header(const struct qcow2_create_opts *o,
 }
 
 int qcow2_create_layout(const struct qcow2_create_opts *o,
-                        struct qcow2_layout *l, char *err, size_t errlen) {
+                        struct qcow2_layout *l) {
   memset(l, 0, sizeof *l);
-  int r = check_opts(o, err, errlen);
+  int r = check_opts(o);
   if (r < 0)
     return r;
   unsigned cb = o->cluster_bits;
   l->csize = 1ull << cb;
   l->l2_bits = cb - (o->extended_l2 ? 4 : 3);
-  r = layout_header(o, l, err, errlen);
+  r = layout_header(o, l);
   if (r < 0)
     return r;
 
   uint64_t per_l1 = 1ull << (cb + l->l2_bits);
   uint64_t l1_size = div_up(o->size, per_l1);
   if (l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return qcow2_errf(
-        err, errlen, -EFBIG,
+    return qcow2_err(
+        -EFBIG,
         "virtual size %llu needs an L1 table of %llu bytes (max %u); "
         "use a larger cluster size",
         (unsigned long long)o->size, (unsigned long long)l1_size * 8,
@@ -147,8 +139,8 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
     l->data_clusters = div_up(o->size, l->csize);
     l->l2_tables = div_up(l->data_clusters, 1ull << l->l2_bits);
     if (l->l2_tables > QCOW2_CREATE_MAX_METADATA >> cb)
-      return qcow2_errf(
-          err, errlen, -EFBIG,
+      return qcow2_err(
+          -EFBIG,
           "preallocation would write %llu L2 tables of %llu bytes "
           "(max %llu bytes of metadata); use a larger cluster size",
           (unsigned long long)l->l2_tables, (unsigned long long)l->csize,
@@ -169,10 +161,9 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
     rt = nrt > rt ? nrt : rt;
     if (rt > QCOW2_MAX_REFTABLE_BYTES >> cb ||
         rb > QCOW2_CREATE_MAX_METADATA >> cb)
-      return qcow2_errf(
-          err, errlen, -EFBIG,
-          "the refcount structures for this size are too large; use "
-          "a larger cluster size or wider refcounts");
+      return qcow2_err(
+          -EFBIG, "the refcount structures for this size are too large; use "
+                  "a larger cluster size or wider refcounts");
   }
   l->reftable_offset = l->csize;
   l->reftable_clusters = (uint32_t)rt;
@@ -183,7 +174,7 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   l->data_offset = l->l2_offset + l->l2_tables * l->csize;
   l->clusters = total;
   if (total > (QCOW2_OFFSET_MASK >> cb))
-    return qcow2_errf(err, errlen, -EFBIG, "image file would be too large");
+    return qcow2_err(-EFBIG, "image file would be too large");
   l->file_size = total << cb;
   return 0;
 }
@@ -325,10 +316,10 @@ static int fill_data(int fd, const struct qcow2_create_opts *o,
 }
 
 int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
-                       const struct qcow2_layout *l, char *err, size_t errlen) {
+                       const struct qcow2_layout *l) {
   uint8_t *c = malloc(l->csize);
   if (!c)
-    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_err(-ENOMEM, "out of memory");
   int r = ftruncate(fd, (off_t)l->file_size) < 0 ? -errno : 0;
   if (r == 0) {
     qcow2_create_header(o, l, c);
@@ -342,6 +333,6 @@ int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
   if (r == 0 && fdatasync(fd) < 0)
     r = -errno;
   if (r < 0)
-    return qcow2_errf(err, errlen, r, "%s", strerror(-r));
+    return qcow2_err(r, "%s", strerror(-r));
   return 0;
 }

@@ -57,9 +57,9 @@ struct qcow2_layout {
 #define QCOW2_CREATE_MAX_METADATA (4ull << 30)
 
 /* Validate O and compute its layout.  Returns 0, or -EINVAL / -EFBIG with a
- * reason in ERR. */
+ * reason in bd_errmsg(). */
 int qcow2_create_layout(const struct qcow2_create_opts *o,
-                        struct qcow2_layout *l, char *err, size_t errlen);
+                        struct qcow2_layout *l);
 
 /* The first cluster: header, extensions, backing file name.  BUF holds
  * L->csize bytes. */
@@ -71,8 +71,8 @@ void qcow2_set_refcount(uint8_t *buf, unsigned refcount_order, uint64_t i,
                         uint64_t value);
 
 /* Write a new image of layout L to FD (an empty, writable file).  Returns
- * 0 or -errno with a reason in ERR. */
+ * 0 or -errno with a reason in bd_errmsg(). */
 int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
-                       const struct qcow2_layout *l, char *err, size_t errlen);
+                       const struct qcow2_layout *l);
 
 #endif

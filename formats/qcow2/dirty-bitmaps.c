@@ -16,14 +16,15 @@
  * keep (malformed, or its clusters' refcounts wrong) makes the image
  * refuse writes, with the reason. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitmap.h"
 #include "core/blockdev.h"
 #include "core/io.h"
 #include "core/log.h"
 #include "core/byteorder.h"
-#include "bitmap.h"
 #include "qcow2-internal.h"
 
 struct tracked {
@@ -142,12 +143,14 @@ static int read_dir(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
   if (!bm->raw)
     return -ENOMEM;
   int r = io_pread_zero(q->fd, bm->raw, len, q->h.bitmaps_dir_offset);
-  char err[200] = "";
   if (r == 0)
     r = qcow2_parse_bitmap_dir(bm->raw, len, q->h.bitmaps_nb, q->h.cluster_bits,
-                               q->h.size, &bm->dir, err, sizeof err);
-  if (r == -EINVAL)
-    return cannot_keep(q, NULL, err);
+                               q->h.size, &bm->dir);
+  if (r == -EINVAL) {
+    char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    return cannot_keep(q, NULL, why);
+  }
   return r;
 }
 

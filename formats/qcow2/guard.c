@@ -4,6 +4,7 @@
 #include "guard.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,7 +78,6 @@ static int read_snapshots(struct qcow2dev *q, struct qcow2_snapshot **snaps,
                           size_t *used) {
   uint64_t avail = q->file_size - q->h.snapshots_offset; /* header checked */
   size_t len = 64 * 1024;
-  char err[160];
   for (;;) {
     if (len > avail)
       len = (size_t)avail;
@@ -86,14 +86,17 @@ static int read_snapshots(struct qcow2dev *q, struct qcow2_snapshot **snaps,
         buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
     if (r == 0)
       r = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, q->csize,
-                                q->file_size, snaps, used, err, sizeof err);
+                                q->file_size, snaps, used);
     free(buf);
     if (r == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
       len *= 4;
       continue;
     }
-    if (r == -ENOSPC || r == -EINVAL)
-      return refuse(q, "snapshot table", err);
+    if (r == -ENOSPC || r == -EINVAL) {
+      char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+      snprintf(why, sizeof why, "%s", bd_errmsg());
+      return refuse(q, "snapshot table", why);
+    }
     return r;
   }
 }

@@ -5,7 +5,6 @@
  * one cached slice, and data is read with pread outside any lock. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "backing-path.h"
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
@@ -23,7 +23,6 @@
 #include "formats/map.h"
 #include "guard.h"
 #include "qcow2-internal.h"
-#include "server/wire.h"
 
 #define MAX_CHAIN 256
 
@@ -445,22 +444,6 @@ static struct bd *qcow2_open_chain(const char *path,
                                    const struct bd_open_opts *o,
                                    const struct chain *chain);
 
-/* NAME relative to the directory of the image at PATH, as QEMU does. */
-static char *resolve_relative(const char *path, const char *name) {
-  if (name[0] == '/')
-    return strdup(name);
-  char *copy = strdup(path);
-  if (!copy)
-    return NULL;
-  char *out = NULL, *dir = dirname(copy);
-  if (!strcmp(dir, "."))
-    out = strdup(name); /* as QEMU names it: no "./" */
-  else if (asprintf(&out, "%s/%s", dir, name) < 0)
-    out = NULL;
-  free(copy);
-  return out;
-}
-
 /* With the image's options O: the L2 cache applies to each image. */
 static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
                                const struct bd_open_opts *o,
@@ -473,11 +456,9 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
                  name);
     return NULL;
   }
-  char *bpath = resolve_relative(q->path, name);
-  if (!bpath) {
-    bd_set_error("out of memory");
+  char *bpath = qcow2_backing_path(q->path, name);
+  if (!bpath)
     return NULL;
-  }
   const char *fmt =
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   /* Read-only, and locked as QEMU locks a backing file: shared with other
@@ -492,8 +473,12 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   else
     bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
                  fmt);
-  if (!b)
-    log_error("qcow2 %s: cannot open backing file %s", q->path, bpath);
+  if (!b) { /* the reason, with where it comes from, goes to the caller */
+    char why[512]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_set_error("qcow2 %s: cannot open backing file %s: %s", q->path, bpath,
+                 why);
+  }
   free(bpath);
   return b;
 }
@@ -533,7 +518,7 @@ static int open_data_file(struct qcow2dev *q) {
     bd_set_error("qcow2 %s: external data file without a name", q->path);
     return -EINVAL;
   }
-  char *dpath = resolve_relative(q->path, q->h.data_file);
+  char *dpath = qcow2_backing_path(q->path, q->h.data_file);
   /* Opened for writing when the image is. */
   int mode = fcntl(q->fd, F_GETFL) & O_ACCMODE;
   q->data_fd = dpath ? open(dpath, mode | O_CLOEXEC) : -1;
@@ -581,11 +566,15 @@ static int read_header(struct qcow2dev *q, uint8_t **hdr) {
   if (!*hdr)
     return -ENOMEM;
   int r = io_pread_zero(q->fd, *hdr, len, 0);
-  char err[256];
-  if (r == 0)
-    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h, err, sizeof err);
   if (r < 0)
-    bd_set_error("qcow2 %s: %s", q->path, err);
+    qcow2_err(r, "%s", strerror(-r));
+  else
+    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h);
+  if (r < 0) {
+    char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_set_error("qcow2 %s: %s", q->path, why);
+  }
   return r;
 }
 

@@ -79,14 +79,15 @@ struct qcow2_header {
 
 /* Parse and validate the header and its extensions from BUF (the start of
  * the file, LEN bytes, at least min(file size, one cluster)), for a file of
- * FILE_SIZE bytes.  Returns 0, or -EINVAL / -ENOTSUP with a reason in ERR
- * (unknown features, encryption: -ENOTSUP). */
+ * FILE_SIZE bytes.  Returns 0, or -EINVAL / -ENOTSUP (unknown features,
+ * encryption) with a reason in bd_errmsg(). */
 int qcow2_parse_header(const uint8_t *buf, size_t len, uint64_t file_size,
-                       struct qcow2_header *h, char *err, size_t errlen);
+                       struct qcow2_header *h);
 
-/* Format a reason into ERR and return CODE (for the parsers' refusals). */
-int qcow2_errf(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* Set the per-thread message (bd_errmsg()) and return CODE: how the
+ * parsers refuse. */
+int qcow2_err(int code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* What one guest range maps to. */
 enum qcow2_kind {

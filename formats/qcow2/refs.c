@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitmap.h"
 #include "core/blockdev.h"
 #include "core/io.h"
 #include "core/byteorder.h"
-#include "bitmap.h"
 #include "qcow2-internal.h"
 #include "refs.h"
 #include "snapshot.h"
@@ -244,12 +244,11 @@ static int walk_snapshots(struct refs *r) {
         buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
     struct qcow2_snapshot *snaps = NULL;
     size_t used = 0;
-    char err[160];
     /* Cluster size 1 and no end of file: each snapshot's L1 table is
      * judged below, one snapshot at a time. */
     if (e == 0)
       e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, 1, UINT64_MAX,
-                                &snaps, &used, err, sizeof err);
+                                &snaps, &used);
     free(buf);
     if (e == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
       len *= 4; /* the table is longer: read more */
@@ -257,7 +256,7 @@ static int walk_snapshots(struct refs *r) {
     }
     if (e == -EINVAL || e == -ENOSPC) {
       corrupt(r, "ERROR invalid snapshot table (0x%llx): %s",
-              ull(q->h.snapshots_offset), err);
+              ull(q->h.snapshots_offset), bd_errmsg());
       return 0;
     }
     for (uint32_t i = 0; e == 0 && i < q->h.nb_snapshots; i++) {
@@ -346,15 +345,17 @@ static int walk_bitmaps(struct refs *r) {
   int e =
       dir ? io_pread_zero(q->fd, dir, len, q->h.bitmaps_dir_offset) : -ENOMEM;
   struct qcow2_bitmap *bm = NULL;
-  char err[200] = "";
   if (e == 0)
     e = qcow2_parse_bitmap_dir(dir, len, q->h.bitmaps_nb, q->h.cluster_bits,
-                               q->h.size, &bm, err, sizeof err);
+                               q->h.size, &bm);
+  else
+    qcow2_err(e, "%s", strerror(-e));
   free(dir);
   if (e < 0) {
+    char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
     r->res->corruptions++;
-    bd_set_error("qcow2 %s: bitmap directory: %s", q->path,
-                 err[0] ? err : strerror(-e));
+    bd_set_error("qcow2 %s: bitmap directory: %s", q->path, why);
     return e;
   }
   for (uint32_t i = 0; e == 0 && i < q->h.bitmaps_nb; i++)

@@ -22,18 +22,17 @@ void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb) {
 
 /* The table does not fit in LEN: -ENOSPC to read more, unless LEN already
  * reaches the limit. */
-static int short_table(size_t len, uint32_t i, char *err, size_t errlen) {
+static int short_table(size_t len, uint32_t i) {
   if (len >= QCOW2_MAX_SNAPSHOTS_BYTES)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "snapshot table is larger than %u bytes (entry %u)",
-                      QCOW2_MAX_SNAPSHOTS_BYTES, i);
-  return qcow2_errf(err, errlen, -ENOSPC,
-                    "snapshot table is truncated (entry %u)", i);
+    return qcow2_err(-EINVAL,
+                     "snapshot table is larger than %u bytes (entry %u)",
+                     QCOW2_MAX_SNAPSHOTS_BYTES, i);
+  return qcow2_err(-ENOSPC, "snapshot table is truncated (entry %u)", i);
 }
 
 static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
-                     uint64_t file_size, struct qcow2_snapshot *s, size_t *elen,
-                     char *err, size_t errlen) {
+                     uint64_t file_size, struct qcow2_snapshot *s,
+                     size_t *elen) {
   if (avail < 40)
     return -ENOSPC;
   s->l1_offset = get_be64(p);
@@ -46,9 +45,8 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   uint32_t extra = get_be32(p + 36);
   s->disk_size = s->icount = UINT64_MAX;
   if (extra > QCOW2_MAX_SNAPSHOT_EXTRA)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "snapshot %u: extra data of %u bytes is too large", i,
-                      extra);
+    return qcow2_err(
+        -EINVAL, "snapshot %u: extra data of %u bytes is too large", i, extra);
   uint64_t total = 40ull + extra + id_len + name_len;
   if (total > avail)
     return -ENOSPC;
@@ -58,7 +56,7 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   if (total > avail)
     total = avail;
   if (id_len == 0)
-    return qcow2_errf(err, errlen, -EINVAL, "snapshot %u has an empty ID", i);
+    return qcow2_err(-EINVAL, "snapshot %u has an empty ID", i);
   const uint8_t *x = p + 40;
   if (extra >= 8)
     s->vm_state_size = get_be64(x);
@@ -67,50 +65,47 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   if (extra >= 24)
     s->icount = get_be64(x + 16);
   if ((uint64_t)s->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "snapshot %u: L1 table of %u entries is too large", i,
-                      s->l1_size);
+    return qcow2_err(-EINVAL,
+                     "snapshot %u: L1 table of %u entries is too large", i,
+                     s->l1_size);
   if (s->l1_size && (s->l1_offset % csize || s->l1_offset > file_size ||
                      (uint64_t)s->l1_size * 8 > file_size - s->l1_offset))
-    return qcow2_errf(
-        err, errlen, -EINVAL,
+    return qcow2_err(
+        -EINVAL,
         "snapshot %u: L1 table offset 0x%llx is unaligned or past the "
         "end of the file",
         i, (unsigned long long)s->l1_offset);
   const uint8_t *id = x + extra, *name = id + id_len;
   if (memchr(id, 0, id_len) || memchr(name, 0, name_len))
-    return qcow2_errf(err, errlen, -EINVAL,
-                      "snapshot %u: ID or name contains NUL", i);
+    return qcow2_err(-EINVAL, "snapshot %u: ID or name contains NUL", i);
   s->id = strndup((const char *)id, id_len);
   s->name = strndup((const char *)name, name_len);
   if (!s->id || !s->name)
-    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_err(-ENOMEM, "out of memory");
   *elen = (size_t)total;
   return 0;
 }
 
 int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
                           uint64_t csize, uint64_t file_size,
-                          struct qcow2_snapshot **out, size_t *used, char *err,
-                          size_t errlen) {
+                          struct qcow2_snapshot **out, size_t *used) {
   *out = NULL;
   *used = 0;
   if (nb > QCOW2_MAX_SNAPSHOTS)
-    return qcow2_errf(err, errlen, -EINVAL, "too many snapshots (%u)", nb);
+    return qcow2_err(-EINVAL, "too many snapshots (%u)", nb);
   if (csize == 0 || (csize & (csize - 1)))
-    return qcow2_errf(err, errlen, -EINVAL, "invalid cluster size");
+    return qcow2_err(-EINVAL, "invalid cluster size");
   if (len > QCOW2_MAX_SNAPSHOTS_BYTES)
     len = QCOW2_MAX_SNAPSHOTS_BYTES;
   struct qcow2_snapshot *s = calloc(nb ? nb : 1, sizeof *s);
   if (!s)
-    return qcow2_errf(err, errlen, -ENOMEM, "out of memory");
+    return qcow2_err(-ENOMEM, "out of memory");
   size_t off = 0;
   for (uint32_t i = 0; i < nb; i++) {
     size_t elen = 0;
-    int r = parse_one(buf + off, len - off, i, csize, file_size, &s[i], &elen,
-                      err, errlen);
+    int r = parse_one(buf + off, len - off, i, csize, file_size, &s[i], &elen);
     if (r == -ENOSPC)
-      r = short_table(len, i, err, errlen);
+      r = short_table(len, i);
     if (r < 0) {
       qcow2_free_snapshots(s, nb);
       return r;

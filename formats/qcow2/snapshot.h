@@ -29,11 +29,11 @@ struct qcow2_snapshot {
  * CLUSTER_SIZE and FILE_SIZE are used to check each snapshot's L1 table.
  * Returns 0 with *OUT (free with qcow2_free_snapshots) and *USED (bytes of
  * the table), -ENOSPC if BUF is too short for the table (read more, up to
- * QCOW2_MAX_SNAPSHOTS_BYTES, and retry), or -EINVAL with a reason in ERR. */
+ * QCOW2_MAX_SNAPSHOTS_BYTES, and retry), or -EINVAL with a reason in
+ * bd_errmsg(). */
 int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
                           uint64_t cluster_size, uint64_t file_size,
-                          struct qcow2_snapshot **out, size_t *used, char *err,
-                          size_t errlen);
+                          struct qcow2_snapshot **out, size_t *used);
 void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb);
 
 #endif

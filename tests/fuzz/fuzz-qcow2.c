@@ -543,13 +543,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > MAX_INPUT)
     return 0;
   struct qcow2_header h;
-  char err[256] = "";
-  int r = qcow2_parse_header(data, size, size, &h, err, sizeof err);
+  bd_set_error("%s", "");
+  int r = qcow2_parse_header(data, size, size, &h);
   if (verbose)
-    fprintf(stderr, "header: %d %s\n", r, err);
+    fprintf(stderr, "header: %d %s\n", r, bd_errmsg());
   if (r < 0) {
     CHECK(r == -EINVAL || r == -ENOTSUP);
-    CHECK(err[0] != 0);
+    CHECK(strcmp(bd_errmsg(), "unknown error") != 0);
     return 0;
   }
   CHECK(r == 0);

@@ -4,9 +4,11 @@
  * every length checked against the buffer. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/blockdev.h"
 #include "formats/qcow2/bitmap.h"
 
 #define CB 16
@@ -46,7 +48,9 @@ static uint8_t *put_entry(uint8_t *b, size_t *off, const char *name,
 
 static int parse(const uint8_t *b, size_t len, uint32_t nb,
                  struct qcow2_bitmap **out, char *err) {
-  return qcow2_parse_bitmap_dir(b, len, nb, CB, IMAGE, out, err, 256);
+  int r = qcow2_parse_bitmap_dir(b, len, nb, CB, IMAGE, out);
+  snprintf(err, 256, "%s", r < 0 ? bd_errmsg() : "");
+  return r;
 }
 
 Test(bitmap, good_directory) {

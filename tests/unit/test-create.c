@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/blockdev.h"
 #include "formats/qcow2/create.h"
 #include "formats/qcow2/qcow2.h"
 
@@ -57,9 +58,8 @@ static void check_layout(const struct qcow2_create_opts *o,
   cr_assert_not_null(buf);
   qcow2_create_header(o, l, buf);
   struct qcow2_header h;
-  char err[256] = "";
-  int rc = qcow2_parse_header(buf, cs, l->file_size, &h, err, sizeof err);
-  cr_assert_eq(rc, 0, "header does not parse: %s", err);
+  int rc = qcow2_parse_header(buf, cs, l->file_size, &h);
+  cr_assert_eq(rc, 0, "header does not parse: %s", bd_errmsg());
   cr_assert_eq(h.version, o->version);
   cr_assert_eq(h.cluster_bits, o->cluster_bits);
   cr_assert_eq(h.size, o->size);
@@ -82,17 +82,15 @@ static void check_layout(const struct qcow2_create_opts *o,
 
 static void layout_ok(const struct qcow2_create_opts *o) {
   struct qcow2_layout l;
-  char err[256] = "";
-  int rc = qcow2_create_layout(o, &l, err, sizeof err);
-  cr_assert_eq(rc, 0, "layout failed: %s", err);
+  int rc = qcow2_create_layout(o, &l);
+  cr_assert_eq(rc, 0, "layout failed: %s", bd_errmsg());
   check_layout(o, &l);
 }
 
 Test(create, defaults) {
   struct qcow2_create_opts o = defaults(1ull << 30);
   struct qcow2_layout l;
-  char err[256];
-  cr_assert_eq(qcow2_create_layout(&o, &l, err, sizeof err), 0);
+  cr_assert_eq(qcow2_create_layout(&o, &l), 0);
   check_layout(&o, &l);
   cr_assert_eq(l.header_length, 112);
   cr_assert(l.feature_table);
@@ -117,15 +115,14 @@ Test(create, matrix) {
             o.extended_l2 = ext;
             o.prealloc = pre ? QCOW2_PREALLOC_METADATA : QCOW2_PREALLOC_OFF;
             struct qcow2_layout l;
-            char err[256];
-            if (qcow2_create_layout(&o, &l, err, sizeof err) == 0)
+            if (qcow2_create_layout(&o, &l) == 0)
               check_layout(&o, &l);
             else
               /* Only big images with small clusters may be refused. */
               cr_assert(cb < 16 && sizes[s] >= (1ull << 30),
                         "cb %u ro %u size "
                         "%llu: %s",
-                        cb, ro, (unsigned long long)sizes[s], err);
+                        cb, ro, (unsigned long long)sizes[s], bd_errmsg());
           }
 }
 
@@ -148,24 +145,23 @@ Test(create, preallocation_many_refblocks) {
   o.refcount_order = 0;
   o.prealloc = QCOW2_PREALLOC_FULL;
   struct qcow2_layout l;
-  char err[256];
-  cr_assert_eq(qcow2_create_layout(&o, &l, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(qcow2_create_layout(&o, &l), 0, "%s", bd_errmsg());
   check_layout(&o, &l);
   cr_assert_gt(l.refblocks, 30);
   /* 1 TiB with 64k clusters: 2048 L2 tables. */
   o = defaults(1ull << 40);
   o.prealloc = QCOW2_PREALLOC_METADATA;
-  cr_assert_eq(qcow2_create_layout(&o, &l, err, sizeof err), 0, "%s", err);
+  cr_assert_eq(qcow2_create_layout(&o, &l), 0, "%s", bd_errmsg());
   check_layout(&o, &l);
   cr_assert_eq(l.l2_tables, 2048);
 }
 
 static void refused(struct qcow2_create_opts o, int code) {
   struct qcow2_layout l;
-  char err[256] = "";
-  int rc = qcow2_create_layout(&o, &l, err, sizeof err);
-  cr_assert_eq(rc, code, "rc %d (%s)", rc, err);
-  cr_assert_neq(err[0], 0, "no message");
+  bd_set_error("%s", "");
+  int rc = qcow2_create_layout(&o, &l);
+  cr_assert_eq(rc, code, "rc %d (%s)", rc, bd_errmsg());
+  cr_assert_str_neq(bd_errmsg(), "unknown error", "no message");
 }
 
 Test(create, refused) {

@@ -8,12 +8,14 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
+#include "core/blockdev.h"
 #include "formats/qcow2/qcow2-internal.h"
 #include "formats/qcow2/qcow2.h"
 
@@ -122,7 +124,9 @@ static char err[256];
 static int parse(const uint8_t *b, size_t len, uint64_t file_size) {
   memset(&h, 0xa5, sizeof h);
   memset(err, 0, sizeof err);
-  return qcow2_parse_header(b, len, file_size, &h, err, sizeof err);
+  int r = qcow2_parse_header(b, len, file_size, &h);
+  snprintf(err, sizeof err, "%s", r < 0 ? bd_errmsg() : "");
+  return r;
 }
 
 static void accepted(const uint8_t *b, size_t len, uint64_t file_size) {

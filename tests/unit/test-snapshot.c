@@ -3,9 +3,11 @@
  * well-formed tables, and every length checked against the buffer. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/blockdev.h"
 #include "formats/qcow2/snapshot.h"
 
 #define CS 65536ull
@@ -54,7 +56,9 @@ static uint8_t *put_entry(uint8_t *b, size_t *off, const char *id,
 static int parse(const uint8_t *b, size_t len, uint32_t nb,
                  struct qcow2_snapshot **s, char *err) {
   size_t used;
-  return qcow2_parse_snapshots(b, len, nb, CS, FILE_SIZE, s, &used, err, 256);
+  int r = qcow2_parse_snapshots(b, len, nb, CS, FILE_SIZE, s, &used);
+  snprintf(err, 256, "%s", r < 0 ? bd_errmsg() : "");
+  return r;
 }
 
 Test(snapshot, good_table) {
@@ -65,10 +69,8 @@ Test(snapshot, good_table) {
   put_entry(b, &off, "10", "", 0);
   struct qcow2_snapshot *s;
   size_t used;
-  char err[256];
-  cr_assert_eq(qcow2_parse_snapshots(b, off, 3, CS, FILE_SIZE, &s, &used, err,
-                                     sizeof err),
-               0, "%s", err);
+  cr_assert_eq(qcow2_parse_snapshots(b, off, 3, CS, FILE_SIZE, &s, &used), 0,
+               "%s", bd_errmsg());
   cr_assert_eq(used, off);
   cr_assert_str_eq(s[0].id, "1");
   cr_assert_str_eq(s[0].name, "first");
