@@ -13,8 +13,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/log.h"
 #include "conn.h"
+#include "core/log.h"
 #include "tls.h"
 
 #define SEND_IOV 512

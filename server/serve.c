@@ -31,7 +31,6 @@
 #include "core/notify.h"
 #include "core/pool.h"
 #include "exports.h"
-#include "formats/formats.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
 #include "server.h"

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/byteorder.h"
 #include "bitmap.h"
+#include "core/byteorder.h"
 #include "qcow2.h"
 
 void qcow2_free_bitmaps(struct qcow2_bitmap *b, uint32_t nb) {

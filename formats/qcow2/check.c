@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/blockdev.h"
-#include "core/io.h"
-#include "core/byteorder.h"
 #include "check.h"
+#include "core/blockdev.h"
+#include "core/byteorder.h"
+#include "core/io.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 #include "refs.h"

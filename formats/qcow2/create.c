@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/io.h"
 #include "core/byteorder.h"
+#include "core/io.h"
 #include "create.h"
 #include "qcow2.h"
 

@@ -22,9 +22,9 @@
 
 #include "bitmap.h"
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "core/byteorder.h"
 #include "qcow2-internal.h"
 
 struct tracked {

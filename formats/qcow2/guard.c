@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "core/byteorder.h"
 #include "qcow2-internal.h"
 #include "snapshot.h"
 

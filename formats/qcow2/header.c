@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/byteorder.h"
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "qcow2.h"
 
 int qcow2_err(int code, const char *fmt, ...) {

@@ -15,10 +15,10 @@
 
 #include "backing-path.h"
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "core/byteorder.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"

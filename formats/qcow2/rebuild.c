@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/io.h"
-#include "core/byteorder.h"
 #include "check.h"
+#include "core/byteorder.h"
+#include "core/io.h"
 #include "qcow2-internal.h"
 
 static void put_refcount(const struct qcow2dev *q, uint8_t *blk, uint64_t i,

@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "core/byteorder.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 

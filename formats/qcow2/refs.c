@@ -13,8 +13,8 @@
 
 #include "bitmap.h"
 #include "core/blockdev.h"
-#include "core/io.h"
 #include "core/byteorder.h"
+#include "core/io.h"
 #include "qcow2-internal.h"
 #include "refs.h"
 #include "snapshot.h"

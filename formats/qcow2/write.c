@@ -18,11 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "core/blockdev.h"
+#include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
-#include "core/byteorder.h"
-#include "check.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 
