@@ -12,21 +12,6 @@
 
 #include "pool.h"
 
-/* ---- errors ---- */
-
-static _Thread_local char errbuf[512];
-
-void bd_set_error(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
-  va_end(ap);
-}
-
-const char *bd_errmsg(void) {
-  return errbuf[0] ? errbuf : "unknown error";
-}
-
 /* ---- sizes ---- */
 
 int bd_parse_size(const char *s, uint64_t *out) {
@@ -217,7 +202,7 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
     opts = *o;
   if (opts.flags & BD_OPEN_SHARE)
     opts.flags |= BD_OPEN_READONLY;
-  errbuf[0] = 0;
+  bd_clear_error();
   if (!formats) {
     bd_set_error("%s: no formats installed (bd_formats_install)", spec);
     return NULL;

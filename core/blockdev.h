@@ -33,6 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
+
 enum bd_cmd {
   BD_READ,
   BD_WRITE,
@@ -338,10 +340,6 @@ int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off);
 int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
               uint32_t flags);
 int bd_flush(struct bd *bd);
-
-/* Per-thread error message for the last failure. */
-void bd_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-const char *bd_errmsg(void);
 
 /* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
 int bd_parse_size(const char *s, uint64_t *out);

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/blockdev.h"
+#include "core/error.h"
 
 int acl_parse(const char *text, struct acl_rule *out) {
   char host[INET6_ADDRSTRLEN + 1];

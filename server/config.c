@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/blockdev.h"
 #include "core/cleanup.h"
+#include "core/error.h"
 
 enum key {
   K_PATH,

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "core/blockdev.h"
+#include "core/error.h"
 #include "fuzz-check.h"
 #include "server/config.h"
 

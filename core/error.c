@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char errbuf[512];
+
+void bd_set_error(const char *fmt, ...) {
+  /* Formatted aside first: an argument may point into errbuf. */
+  char msg[sizeof errbuf];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  memcpy(errbuf, msg, sizeof errbuf);
+}
+
+const char *bd_errmsg(void) {
+  return errbuf[0] ? errbuf : "unknown error";
+}
+
+void bd_clear_error(void) {
+  errbuf[0] = 0;
+}
