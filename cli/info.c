@@ -62,18 +62,8 @@ struct image {
 
 static bool force_share; /* -U */
 
-/* -1 with the reason in bd_errmsg() (formatted first: an argument may be
- * bd_errmsg() itself). */
-static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  bd_set_error("%s", msg);
-  return -1;
-}
+/* -1 with the reason in bd_errmsg(). */
+#define fail(...) (bd_set_error(__VA_ARGS__), -1)
 
 static void free_image(struct image *im) {
   free(im->filename);

@@ -428,6 +428,14 @@ static int own_option(struct mount_opts *o, int ch, const char *arg) {
   return 1;
 }
 
+static int option_cb(void *o, int ch, const char *arg) {
+  return own_option(o, ch, arg);
+}
+
+static void usage_cb(FILE *f, const void *o) {
+  usage(f, o);
+}
+
 static int parse_opts(int argc, char **argv, struct mount_opts *o) {
   static const struct option own[] = {
       {"readonly", no_argument, NULL, 'r'},
@@ -440,23 +448,8 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       {"log-file", required_argument, NULL, OPT_LOG_FILE},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  struct option lo[CLI_MAX_LONGOPTS];
-  char so[64];
-  cli_opts_tables(&o->co, own, "rn:t:h", lo, so);
-  int ch, r;
-  while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
-    if (ch == 'h') {
-      usage(stdout, o);
-      exit(0);
-    }
-    if ((r = own_option(o, ch, optarg)) == 0 &&
-        (r = cli_opts_handle(&o->co, ch, optarg)) == 0) {
-      usage(stderr, o);
-      return -1;
-    }
-    if (r < 0)
-      return -1;
-  }
+  if (cli_getopt(argc, argv, &o->co, own, "rn:t:h", option_cb, usage_cb, o) < 0)
+    return -1;
   if (o->readonly)
     o->co.open.flags |= BD_OPEN_READONLY;
   if (o->co.plugin)

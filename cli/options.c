@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -219,4 +220,28 @@ void cli_opts_usage(FILE *f, const struct cli_common *c) {
   for (size_t i = 0; i < NTABLE; i++)
     if (c->which & table[i].group)
       usage_line(f, &table[i], c->workers);
+}
+
+int cli_getopt(int argc, char **argv, struct cli_common *c,
+               const struct option *own, const char *own_short,
+               int (*option)(void *cmd, int ch, const char *arg),
+               void (*usage)(FILE *f, const void *cmd), void *cmd) {
+  struct option lo[CLI_MAX_LONGOPTS];
+  char so[64];
+  cli_opts_tables(c, own, own_short, lo, so);
+  int ch, r;
+  while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
+    if (ch == 'h') {
+      usage(stdout, cmd);
+      exit(0);
+    }
+    if ((r = option(cmd, ch, optarg)) == 0 &&
+        (r = cli_opts_handle(c, ch, optarg)) == 0) {
+      usage(stderr, cmd);
+      return -1;
+    }
+    if (r < 0)
+      return -1;
+  }
+  return 0;
 }

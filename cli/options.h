@@ -56,6 +56,15 @@ void cli_opts_tables(const struct cli_common *c, const struct option *own,
  * it is the command's own (or unknown), -1 for a bad value (said on
  * stderr, naming the option and its range). */
 int cli_opts_handle(struct cli_common *c, int ch, const char *arg);
+/* A command's getopt loop over its own options OWN / OWN_SHORT and the
+ * shared ones of C.  OPTION(CMD, CH, ARG) takes the command's own: 1
+ * taken, 0 not its, -1 a bad value (said).  -h prints USAGE to stdout and
+ * exits 0; an unknown option prints it to stderr.  0, or -1 on a usage
+ * error. */
+int cli_getopt(int argc, char **argv, struct cli_common *c,
+               const struct option *own, const char *own_short,
+               int (*option)(void *cmd, int ch, const char *arg),
+               void (*usage)(FILE *f, const void *cmd), void *cmd);
 /* The --help lines of the shared options C takes. */
 void cli_opts_usage(FILE *f, const struct cli_common *c);
 

@@ -111,6 +111,14 @@ static int take_source(int argc, char **argv, struct vhost_opts *o) {
   return 0;
 }
 
+static int option_cb(void *o, int ch, const char *arg) {
+  return own_option(o, ch, arg);
+}
+
+static void usage_cb(FILE *f, const void *o) {
+  usage(f, o);
+}
+
 static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
   static const struct option own[] = {
       {"socket", required_argument, NULL, 's'},
@@ -121,23 +129,8 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  struct option lo[CLI_MAX_LONGOPTS];
-  char so[64];
-  cli_opts_tables(&o->co, own, "s:q:rh", lo, so);
-  int ch, r;
-  while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
-    if (ch == 'h') {
-      usage(stdout, o);
-      exit(0);
-    }
-    if ((r = own_option(o, ch, optarg)) == 0 &&
-        (r = cli_opts_handle(&o->co, ch, optarg)) == 0) {
-      usage(stderr, o);
-      return -1;
-    }
-    if (r < 0)
-      return -1;
-  }
+  if (cli_getopt(argc, argv, &o->co, own, "s:q:rh", option_cb, usage_cb, o) < 0)
+    return -1;
   if (o->vhu.readonly)
     o->co.open.flags |= BD_OPEN_READONLY;
   return take_source(argc, argv, o);

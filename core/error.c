@@ -7,14 +7,18 @@
 
 static _Thread_local char errbuf[512];
 
-void bd_set_error(const char *fmt, ...) {
+void bd_set_errorv(const char *fmt, va_list ap) {
   /* Formatted aside first: an argument may point into errbuf. */
   char msg[sizeof errbuf];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  memcpy(errbuf, msg, sizeof errbuf);
+}
+
+void bd_set_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  bd_set_errorv(fmt, ap);
   va_end(ap);
-  memcpy(errbuf, msg, sizeof errbuf);
 }
 
 const char *bd_errmsg(void) {

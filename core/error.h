@@ -6,9 +6,14 @@
 #ifndef BLOCKPORT_ERROR_H
 #define BLOCKPORT_ERROR_H
 
+#include <stdarg.h>
+
 /* Sets the calling thread's message.  An argument may be bd_errmsg()
  * itself ("context: %s"). */
 void bd_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same with a va_list. */
+void bd_set_errorv(const char *fmt, va_list ap)
+    __attribute__((format(printf, 1, 0)));
 /* The last message set on this thread, or "unknown error". */
 const char *bd_errmsg(void);
 /* Forgets it: the next bd_errmsg() says "unknown error" unless a failure

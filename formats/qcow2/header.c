@@ -13,12 +13,10 @@
 #include "qcow2.h"
 
 int qcow2_err(int code, const char *fmt, ...) {
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  bd_set_errorv(fmt, ap);
   va_end(ap);
-  bd_set_error("%s", msg);
   return code;
 }
 
