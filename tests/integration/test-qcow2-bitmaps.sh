@@ -25,16 +25,12 @@ for b in data.get("bitmaps", []):
 # dirty_map IMAGE NAME: the dirty extents of bitmap NAME, as qemu-nbd
 # exports them.
 dirty_map() {
-  local sock=$T/qnbd.sock pid deadline
+  local sock=$T/qnbd.sock pid
   rm -f "$sock"
   qemu-nbd -r -f qcow2 -B "$2" -k "$sock" "$1" &
   pid=$!
   track_pid "$pid"
-  deadline=$((SECONDS + 10))
-  until [[ -S $sock ]]; do
-    ((SECONDS < deadline)) || fail "qemu-nbd did not start"
-    sleep 0.05
-  done
+  wait_until 10 test -S "$sock" || fail "qemu-nbd did not start"
   nbdinfo --map="qemu:dirty-bitmap:$2" "nbd+unix:///?socket=$sock"
   kill "$pid" 2>/dev/null || true # it leaves after one client anyway
   wait "$pid" 2>/dev/null || true
