@@ -4,21 +4,7 @@
  * with such a name is given as ./null:SIZE). */
 #include "registry.h"
 
-#include <errno.h>
-
 #include "formats.h"
-#include "probe.h"
-
-int formats_probe(const char *path, const char **format) {
-  int r = probe_file(path, format);
-  if (r < 0)
-    return r;
-  if (!probe_supported(*format)) {
-    probe_set_unsupported_error(path, *format);
-    return -ENOTSUP;
-  }
-  return 0;
-}
 
 static const struct bd_format null_format = {
     .name = "null",
@@ -46,19 +32,7 @@ static const struct bd_format plugin_format = {
     .open = plugin_source_open,
 };
 
-/* raw carries the probe: what a file is when no other magic is found. */
-static const struct bd_format raw_format = {
-    .name = "raw",
-    .probe = formats_probe,
-    .open = raw_open,
-};
-
-static const struct bd_format qcow2_format = {
-    .name = "qcow2",
-    .open = qcow2_open,
-};
-
 const struct bd_format *const formats_registry[] = {
     &null_format, &memory_format, &nbd_format, &plugin_format,
-    &raw_format,  &qcow2_format,  NULL,
+    &formats_raw, &formats_qcow2, NULL,
 };

@@ -11,6 +11,11 @@
  * and qcow2 by name or by probing.  NULL-terminated. */
 extern const struct bd_format *const formats_registry[];
 
+/* Image files only: raw and qcow2 (formats/registry-files.c), for
+ * programs that open nothing else. */
+extern const struct bd_format *const formats_files[];
+extern const struct bd_format formats_raw, formats_qcow2;
+
 /* The table's probe: the format of the image file at PATH by its content,
  * refusing by name a format blockport does not open (struct bd_format's
  * probe). */

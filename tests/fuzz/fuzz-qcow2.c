@@ -95,7 +95,7 @@ static void cleanup(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
-  bd_formats_install(formats_registry);
+  bd_formats_install(formats_files);
   verbose = getenv("FUZZ_QCOW2_VERBOSE") != NULL;
   if (!verbose)
     log_threshold = LOG_LEVEL_ERROR; /* corrupt images log warnings */
