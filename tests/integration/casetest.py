@@ -102,13 +102,13 @@ def _children(pids):
         if fields[0] not in ("Z", "X"):
             parent[int(d)] = int(fields[1])
             start[int(d)] = fields[19]
-    found, todo = {}, list(pids)
-    while todo:
-        p = todo.pop()
+    found, pending = {}, list(pids)
+    while pending:
+        p = pending.pop()
         for c, pp in parent.items():
             if pp == p and c not in found:
                 found[c] = start[c]
-                todo.append(c)
+                pending.append(c)
     return found
 
 

@@ -191,15 +191,15 @@ _children_of() {
         _START[$pid]=${fld[19]:-}
     done
     _KIDS=()
-    local -a todo=("$@")
+    local -a pending=("$@")
     local p c
-    while ((${#todo[@]})); do
-        p=${todo[0]}
-        todo=("${todo[@]:1}")
+    while ((${#pending[@]})); do
+        p=${pending[0]}
+        pending=("${pending[@]:1}")
         for c in "${!parent[@]}"; do
             if [[ ${parent[$c]} == "$p" ]]; then
                 _KIDS+=("$c")
-                todo+=("$c")
+                pending+=("$c")
             fi
         done
     done
