@@ -17,6 +17,7 @@ static struct {
   struct bd_req *head, **tail;
   unsigned queued;
   unsigned sleeping;
+  unsigned busy; /* workers running a request */
   unsigned nthreads;
   bool started, stopping;
   pthread_t *threads;
@@ -46,6 +47,7 @@ static void *worker_main(void *arg) {
       break; /* stopping and drained */
     pool.head = req->next;
     pool.queued--;
+    pool.busy++;
     if (!pool.head)
       pool.tail = &pool.head;
     pthread_mutex_unlock(&pool.lock);
@@ -54,6 +56,7 @@ static void *worker_main(void *arg) {
     req->done(req, err);
 
     pthread_mutex_lock(&pool.lock);
+    pool.busy--;
   }
   pthread_mutex_unlock(&pool.lock);
   return NULL;
@@ -132,11 +135,14 @@ void bd_pool_queue(struct bd_req *req) {
   *pool.tail = req;
   pool.tail = &req->next;
   pool.queued++;
-  /* Wake a sleeper only when the queue is longer than the workers already
-   * awake can take: on a fast device a few busy workers keep up without the
-   * cost of a wake-up per request, and on a slow one the queue grows and
-   * wakes as many as it needs. */
-  bool wake = pool.sleeping > 0 && pool.queued > pool.nthreads - pool.sleeping;
+  /* Wake a sleeper only when the queue is longer than the workers that are
+   * awake and between requests can take: on a fast device they keep up
+   * without the cost of a wake-up per request.  A worker running a request
+   * does not count: it may be blocked for as long as the device likes (a
+   * slow disk, a remote source), and the queue must not wait behind it
+   * while others sleep. */
+  unsigned spare = pool.nthreads - pool.sleeping - pool.busy;
+  bool wake = pool.sleeping > 0 && pool.queued > spare;
   pthread_mutex_unlock(&pool.lock);
   if (wake)
     pthread_cond_signal(&pool.cond);
