@@ -164,6 +164,9 @@ int fault_check(enum fault_op op, uint64_t off, uint64_t len) {
     if (atomic_fetch_add(&r->hits, 1) >= r->count)
       return 0;
     if (r->delay_ms) {
+      /* Logged before the sleep, so a test can tell the call is waiting. */
+      log_info("fault injected: delay %u ms on %s at %llu+%llu", r->delay_ms,
+               op_names[op], (unsigned long long)off, (unsigned long long)len);
       struct timespec ts = {r->delay_ms / 1000,
                             (long)(r->delay_ms % 1000) * 1000000};
       nanosleep(&ts, NULL);
