@@ -45,6 +45,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "formats.h"
+#include "nbd-uri.h"
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
 #define NBD_CHUNK (1u << 30)
@@ -1059,7 +1060,8 @@ static struct nbddev *new_dev(const char *uri, unsigned timeout_s) {
     pthread_rwlock_init(&c->lock, NULL);
   }
   d->timeout_ms = (int64_t)timeout_s * 1000;
-  if (!(d->uri = strdup(uri)) ||
+  /* Resolved now: a daemon changes directory before it reconnects. */
+  if (!(d->uri = nbd_uri_absolute(uri)) ||
       (d->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
     free_dev(d);
     return NULL;
