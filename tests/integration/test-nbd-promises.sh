@@ -61,3 +61,34 @@ fusermount3 -u "$MNT"
 wait_until 10 _pid_gone "$MOUNT_PID" || fail "mount process still running"
 check_sanitizer_reports mount.log
 stop_server
+
+check "an EIO while reading the partition table is tried again"
+require nbdkit
+# a disk whose MBR holds one Linux partition at 1 MiB, 2 MiB long
+"$PY" - <<'PY'
+import struct
+d = bytearray(8 << 20)
+d[446:462] = struct.pack("<B3sB3sII", 0, b"\0\0\0", 0x83, b"\0\0\0", 2048, 4096)
+d[510:512] = b"\x55\xaa"
+open("mbr.raw", "wb").write(d)
+PY
+touch err.flag # reads fail with EIO while it exists
+nbdkit -f -U "$T/err.sock" --filter=error file mbr.raw error-pread=EIO \
+  error-pread-rate=100% error-pread-file="$T/err.flag" 2>err.log &
+track_pid $!
+wait_until 10 test -S "$T/err.sock" || fail "nbdkit did not start"
+"${_env_reset[@]}" "$BLOCKPORT" mount --foreground --nbd-timeout 10 \
+  "nbd+unix:///?socket=$T/err.sock" "$MNT" </dev/null >mount2.log 2>&1 &
+MOUNT_PID=$!
+track_pid $MOUNT_PID
+table_retried() { grep -q "reading the partition table.*trying again" mount2.log; }
+wait_until 10 table_retried || fail "no retry of the table: $(tail -3 mount2.log)"
+rm err.flag
+wait_until 10 test -e "$MNT/disk-p1" ||
+  fail "no partition file after the retry: $(tail -3 mount2.log)"
+cmp <(head -c 2M "$MNT/disk-p1") <(tail -c +$((1048577)) mbr.raw | head -c 2M) ||
+  fail "the partition's contents"
+fusermount3 -u "$MNT"
+wait_until 10 _pid_gone "$MOUNT_PID" || fail "mount process still running"
+check_sanitizer_reports mount2.log
+ok "mounted with its partition once the reads worked"
