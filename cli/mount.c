@@ -288,6 +288,7 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
                           .direct_io = o->direct_io,
                           .partitions = !o->no_partitions,
                           .threads = o->threads,
+                          .table_retry_s = o->co.open.nbd_timeout,
                           .live = on_live,
                           .opaque = s};
   pthread_mutex_lock(&s->lock);

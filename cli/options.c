@@ -55,9 +55,9 @@ static const struct shared_opt table[] = {
      "connections to each NBD source, 0-16 (default 0:\n"
      "4 when its server allows multi-conn, else 1)"},
     {CO_NBD, ID_NBD_TIMEOUT, "nbd-timeout", "SECONDS", 0, 86400,
-     "how long a request waits for a lost NBD server\n"
-     "to come back, and how long a server may leave\n"
-     "requests unanswered, before they fail with EIO,\n"
+     "a request to an NBD server that is gone or does\n"
+     "not answer fails with EIO at most this long after\n"
+     "it was made (plus 1 s for one reconnection),\n"
      "0-86400 (default 30; 0: forever)"},
     {CO_NBD_OLD, 'C', "connections", "N", 0, 16,
      "the same as --nbd-connections"},

@@ -19,15 +19,16 @@
  * Reads, cache and block status (when nothing was reported yet) are sent
  * again on another connection, or wait for one; writes, trims, zeroes and
  * flushes fail with EIO, since the server may have applied them in part.
- * While no connection is up, requests wait; one that has waited the
- * source's timeout (bd_open_opts.nbd_timeout) fails with EIO.  A
+ * While no connection is up, requests wait; one whose source's timeout
+ * (bd_open_opts.nbd_timeout) has passed since its submission fails with
+ * EIO, after at least one reconnection attempt (GRACE_MS) once lost.  A
  * connection with requests in flight that hears nothing from the server
  * for as long is dropped as lost (a peer gone without closing the
- * socket).  The event thread reconnects in the background, every 0.5 s
- * doubling to 4 s (every 0.5 s while requests wait), and refuses an
- * export whose size changed.  After a loss with completed writes not yet
- * flushed, the next flush fails with EIO: the server may have dropped
- * them. */
+ * socket), and so is one holding a request sent again past its deadline.  The
+ * event thread reconnects in the background, every 0.5 s doubling to 4 s (every
+ * 0.5 s while requests wait), and refuses an export whose size changed.  After
+ * a loss with completed writes not yet flushed, the next flush fails with EIO:
+ * the server may have dropped them. */
 #include <errno.h>
 #include <libnbd.h>
 #include <poll.h>
@@ -45,6 +46,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "formats.h"
+#include "nbd-uri.h"
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
 #define NBD_CHUNK (1u << 30)
@@ -53,6 +55,7 @@
 #define RETRY_MIN_MS 500
 #define ORDERLY_MS 10000 /* after ESHUTDOWN: losses count as orderly */
 #define RETRY_MAX_MS 4000
+#define GRACE_MS 1000        /* after a loss: time for one reconnection */
 #define CONNECT_MAX_MS 10000 /* a handshake taking longer is abandoned */
 #define CLOSE_BUSY_MS 5000   /* close waits this long for requests */
 #define CLOSE_DISC_MS 1000   /* and this long for the server to hang up */
@@ -76,7 +79,11 @@ struct conn {
   pthread_rwlock_t lock; /* read-held while issuing on h */
   atomic_int inflight;
   _Atomic int64_t last_read; /* ms: last reply bytes, or first request */
-  int64_t due;               /* C_DOWN: next attempt; C_CONNECTING: end */
+  /* Requests sent again after a loss, in flight here, and the earliest of
+   * their deadlines: a connection that keeps one past it is dropped. */
+  atomic_int resent;
+  _Atomic int64_t resent_deadline;
+  int64_t due; /* C_DOWN: next attempt; C_CONNECTING: end */
   int64_t backoff;
   unsigned failures; /* attempts failed since the connection was lost */
   bool lost;         /* was up once: a success is a reconnection */
@@ -96,6 +103,7 @@ struct op {
   uint64_t gen;     /* flush: write_gen when submitted */
   size_t ext_n;     /* block status: list length when submitted */
   uint64_t ext_end; /* ... and its end */
+  int64_t start;    /* ms: when submitted */
   int64_t deadline; /* ms: when waiting for a connection must end */
   struct op *next;
 };
@@ -222,6 +230,22 @@ static void op_succeeded(struct op *op) {
   op_end(op, 0);
 }
 
+/* Set OP's deadline when it first has to wait for a connection.  The
+ * time-out counts from submission, so a request on a server found hung
+ * (after the time-out) gets no second time-out, only one reconnection
+ * attempt (GRACE_MS). */
+static void set_deadline(struct op *op, int64_t now) {
+  int64_t t = op->d->timeout_ms;
+  if (op->deadline)
+    return;
+  if (!t) {
+    op->deadline = INT64_MAX;
+    return;
+  }
+  op->deadline =
+      op->start + t > now + GRACE_MS ? op->start + t : now + GRACE_MS;
+}
+
 /* The connection went away with the command in flight. */
 static void op_lost(struct op *op) {
   struct bd_req *req = op->req;
@@ -239,8 +263,7 @@ static void op_lost(struct op *op) {
   /* The timeout runs from the first loss, however many connections the
    * request tries after it. */
   int64_t now = now_ms();
-  if (!op->deadline)
-    op->deadline = op->d->timeout_ms ? now + op->d->timeout_ms : INT64_MAX;
+  set_deadline(op, now);
   if (op->deadline <= now) {
     op_fail(op, -EIO,
             "the connection was lost and no other answered "
@@ -270,8 +293,7 @@ static void op_refused_for_shutdown(struct op *op) {
     wake(d);
   }
   int64_t now = now_ms();
-  if (!op->deadline)
-    op->deadline = d->timeout_ms ? now + d->timeout_ms : INT64_MAX;
+  set_deadline(op, now);
   if (op->deadline <= now) {
     op_fail(op, -EIO, "the server shut down and did not return in time");
     return;
@@ -281,6 +303,8 @@ static void op_refused_for_shutdown(struct op *op) {
 
 static void finish(struct op *op) {
   atomic_fetch_sub(&op->c->inflight, 1);
+  if (op->deadline && atomic_fetch_sub(&op->c->resent, 1) == 1)
+    atomic_store(&op->c->resent_deadline, INT64_MAX);
   int err = op->completed ? op->err : ENOTCONN;
   if (err == ESHUTDOWN)
     op_refused_for_shutdown(op);
@@ -400,6 +424,13 @@ static bool try_issue(struct conn *c, struct op *op) {
   if (atomic_load(&c->inflight) == 0)
     atomic_store(&c->last_read, now_ms());
   atomic_fetch_add(&c->inflight, 1);
+  if (op->deadline) {
+    atomic_fetch_add(&c->resent, 1);
+    int64_t cur = atomic_load(&c->resent_deadline);
+    while (op->deadline < cur && !atomic_compare_exchange_weak(
+                                     &c->resent_deadline, &cur, op->deadline))
+      ;
+  }
   op->c = c;
   op->completed = false;
   issuing = op;
@@ -421,6 +452,8 @@ static bool try_issue(struct conn *c, struct op *op) {
     return true;
   }
   atomic_fetch_sub(&c->inflight, 1);
+  if (op->deadline)
+    atomic_fetch_sub(&c->resent, 1);
   if (dead) {
     int up = C_UP;
     atomic_compare_exchange_strong(&c->state, &up, C_DEAD);
@@ -453,8 +486,7 @@ static int wait_for_conn(struct op *op) {
   } else if (op->nowait)
     why = "not connected to the server";
   else {
-    if (!op->deadline)
-      op->deadline = d->timeout_ms ? now + d->timeout_ms : INT64_MAX;
+    set_deadline(op, now);
     if (op->deadline <= now)
       why = "no connection to the server within the timeout";
   }
@@ -513,7 +545,12 @@ static struct op *new_op(struct nbddev *d, struct bd_req *req, struct split *s,
   struct op *op = calloc(1, sizeof *op);
   if (!op)
     return NULL;
-  *op = (struct op){.d = d, .req = req, .split = s, .off = off, .len = len};
+  *op = (struct op){.d = d,
+                    .req = req,
+                    .split = s,
+                    .off = off,
+                    .len = len,
+                    .start = now_ms()};
   if (req->cmd == BD_FLUSH)
     op->gen = atomic_load(&d->write_gen);
   if (req->cmd == BD_BLOCK_STATUS) {
@@ -764,15 +801,29 @@ static void check_hung(struct conn *c, int64_t now, int64_t *next) {
   if (!t || atomic_load(&c->inflight) == 0)
     return;
   int64_t since = atomic_load(&c->last_read);
-  if (now - since >= t) {
+  int64_t resent_end = atomic_load(&c->resent) > 0
+                           ? atomic_load(&c->resent_deadline)
+                           : INT64_MAX;
+  if (now >= resent_end) {
+    log_warn("nbd %s: connection %u: no reply to a request sent again "
+             "within its time-out; dropping it",
+             c->d->uri, c->idx);
+    int fd = nbd_aio_get_fd(c->h);
+    if (fd >= 0)
+      shutdown(fd, SHUT_RDWR);
+    *next = now;
+  } else if (now - since >= t) {
     log_warn("nbd %s: connection %u: no reply for %lld s; dropping it",
              c->d->uri, c->idx, (long long)t / 1000);
     int fd = nbd_aio_get_fd(c->h);
     if (fd >= 0)
       shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */
     *next = now;
-  } else if (since + t < *next) {
-    *next = since + t;
+  } else {
+    if (since + t < *next)
+      *next = since + t;
+    if (resent_end < *next)
+      *next = resent_end;
   }
 }
 
@@ -1056,10 +1107,12 @@ static struct nbddev *new_dev(const char *uri, unsigned timeout_s) {
     c->d = d;
     c->idx = i;
     c->backoff = RETRY_MIN_MS;
+    c->resent_deadline = INT64_MAX;
     pthread_rwlock_init(&c->lock, NULL);
   }
   d->timeout_ms = (int64_t)timeout_s * 1000;
-  if (!(d->uri = strdup(uri)) ||
+  /* Resolved now: a daemon changes directory before it reconnects. */
+  if (!(d->uri = nbd_uri_absolute(uri)) ||
       (d->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) {
     free_dev(d);
     return NULL;

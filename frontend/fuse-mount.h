@@ -23,6 +23,9 @@ struct fm_config {
   bool direct_io;         /* bypass the kernel page cache (--cache=none) */
   bool partitions;        /* expose NAME-pN files for an MBR or GPT */
   unsigned threads;       /* threads receiving FUSE requests */
+  /* How long a partition table read that fails with EIO is tried again
+   * (the source's NBD time-out: a remote server may be reconnecting). */
+  unsigned table_retry_s;
   /* Called once, on a FUSE thread, when the kernel has initialised the
    * mount: from then on it serves. */
   void (*live)(void *opaque);

@@ -836,8 +836,25 @@ static int add_file(struct fm *m, const char *name, uint64_t off,
   return 0;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A read of the table; EIO is tried again every 0.5 s for table_retry_s,
+ * so that one lost request to a remote source does not fail the mount. */
 static int read_for_table(void *opaque, uint64_t off, void *buf, size_t len) {
-  return disk_pread(opaque, buf, len, off);
+  struct fm *m = opaque;
+  int64_t deadline = mono_ms() + (int64_t)m->cfg.table_retry_s * 1000;
+  for (;;) {
+    int r = disk_pread(&m->disk, buf, len, off);
+    if (r != -EIO || mono_ms() >= deadline)
+      return r;
+    log_warn("reading the partition table at %llu: %s; trying again",
+             (unsigned long long)off, strerror(-r));
+    nanosleep(&(struct timespec){.tv_nsec = 500000000}, NULL);
+  }
 }
 
 /* NAME-pN for each partition of an MBR or GPT. */
@@ -845,7 +862,7 @@ static int add_partitions(struct fm *m) {
   struct pt_table *t = malloc(sizeof *t);
   if (!t)
     return out_of_memory();
-  int r = pt_parse(read_for_table, &m->disk, m->disk.size, t);
+  int r = pt_parse(read_for_table, m, m->disk.size, t);
   if (r < 0) {
     bd_set_error("reading the partition table: %s", strerror(-r));
     free(t);
