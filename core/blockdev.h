@@ -294,6 +294,9 @@ struct bd_format {
 };
 /* TABLE: NULL-terminated, and outliving every opening. */
 void bd_formats_install(const struct bd_format *const *table);
+/* Whether SPEC names a source by itself (an installed entry's matcher
+ * accepts it: an NBD URI, null:SIZE, a plugin spec) rather than a file. */
+bool bd_spec_is_source(const char *spec);
 
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);
