@@ -131,6 +131,34 @@ base_up golden.raw tcp
 overlay_case "qemu-img overlay over nbd:// (TCP)" make_qemu
 overlay_case "blockport create over nbd:// (TCP)" make_blockport
 
+check "mount of the overlay: reads, a partial-cluster write, QEMU agrees"
+if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; then
+  MNT=$T/mnt
+  mkdir -p "$MNT"
+  is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
+  trap 'rc=$?; set +e; is_mounted "$MNT" && fusermount3 -u -z "$MNT"; (exit $rc); _cleanup' EXIT
+  rm -f ov.qcow2 mount.pid
+  make_blockport || fail "create the overlay"
+  "${_env_reset[@]}" "$BLOCKPORT" mount --foreground -P mount.pid ov.qcow2 \
+    "$MNT" </dev/null >>mount.log 2>&1 &
+  MOUNT_PID=$!
+  track_pid $MOUNT_PID
+  wait_file 15 mount.pid $MOUNT_PID || { cat mount.log; fail "mount not live"; }
+  cmp "$MNT/ov" golden.raw || fail "mounted overlay differs from the base"
+  cp golden.raw expect.raw
+  head -c 3000 /dev/urandom >piece
+  dd if=piece of="$MNT/ov" bs=3000 seek=1 conv=notrunc,fsync status=none ||
+    fail "write through the mount"
+  dd if=piece of=expect.raw bs=3000 seek=1 conv=notrunc status=none
+  cmp "$MNT/ov" expect.raw || fail "mounted overlay after the write"
+  fusermount3 -u "$MNT" || fail "unmount"
+  wait $MOUNT_PID || fail "mount exited with $?"
+  run qemu-img compare -F raw ov.qcow2 expect.raw || fail "QEMU's view after the mount"
+  ok "mount reads the base and keeps the write"
+else
+  echo "  (skipped: needs /dev/fuse, root and fusermount3)"
+fi
+
 check "a relative backing file name stays relative to the overlay"
 mkdir -p sub
 run qemu-img create -f qcow2 -F raw -b ../golden.raw sub/rel.qcow2 >/dev/null
