@@ -176,6 +176,20 @@ static int read_backing(struct qcow2dev *q, uint8_t *buf, uint64_t n,
   return have ? bd_pread(q->backing, buf, have, off) : 0;
 }
 
+/* The unallocated run of N bytes at OFF extended over the following
+ * unallocated clusters, up to LEN and the backing device's largest
+ * request: one request to the backing file instead of one per cluster (a
+ * round trip each when the backing file is an NBD export). */
+static uint64_t extend_unallocated(struct qcow2dev *q, uint64_t off,
+                                   uint64_t len, uint64_t n) {
+  uint64_t cap = q->backing->caps.max_block;
+  struct qcow2_run next;
+  while (n < len && map_run(q, off + n, len - n, &next) == 0 &&
+         next.kind == QCOW2_UNALLOCATED && n + next.length <= cap)
+    n += next.length;
+  return n;
+}
+
 int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
   while (len > 0) {
     struct qcow2_run run;
@@ -195,6 +209,7 @@ int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
     } else if (run.kind == QCOW2_COMPRESSED) {
       r = read_compressed(q, &run, (uint32_t)(off & (q->csize - 1)), p, n);
     } else if (run.kind == QCOW2_UNALLOCATED && q->backing) {
+      n = extend_unallocated(q, off, len, n);
       r = read_backing(q, p, n, off);
     } else {
       memset(p, 0, n);

@@ -179,3 +179,27 @@ run qemu-io -f raw -c 'read -P 7 2M 2M' -c 'read -P 8 14M 1M' "$URI" \
   >/dev/null || fail "reads while the base restarts"
 stop_server
 ok "reads waited for the base and succeeded"
+
+check "a read over unallocated clusters is one request to the base"
+if command -v nbdkit >/dev/null; then
+  rm -f ov.qcow2 k.log
+  nbdkit -U "$T/k.sock" -P "$T/k.pid" --filter=log file golden.raw \
+    logfile="$T/k.log" || fail "nbdkit"
+  wait_until 10 test -s "$T/k.pid" || fail "nbdkit did not start"
+  track_pid "$(cat "$T/k.pid")"
+  run qemu-img create -f qcow2 -F raw -b "nbd+unix:///?socket=$T/k.sock" \
+    ov.qcow2 >/dev/null || fail "overlay over nbdkit"
+  # One allocated cluster, so that the L2 table exists and maps the rest
+  # cluster by cluster.
+  run qemu-io -f qcow2 -c 'write -P 1 0 4k' ov.qcow2 >/dev/null || fail "write"
+  start_server ov.qcow2
+  : >k.log
+  run qemu-io -f raw -c 'read -P 7 1M 4M' "$URI" >/dev/null || fail "read"
+  stop_server
+  n=$(grep -ac ' Read id=.*count=' k.log)
+  [[ $n -eq 1 ]] || fail "$n requests to the base for 4 MiB (64 clusters)"
+  kill "$(cat "$T/k.pid")"
+  ok "one request for 64 unallocated clusters"
+else
+  echo "  (skipped: no nbdkit)"
+fi
