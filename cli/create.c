@@ -282,7 +282,7 @@ static int check_backing(struct create_args *a) {
     }
     return 0;
   }
-  bool source = bd_spec_is_source(path);
+  bool source = bd_spec_is_backing_source(path);
   if (!a->backing_fmt && !source)
     a->backing_fmt = bd_probe_format(path);
   struct bd *b = bd_open(path, source ? NULL : a->backing_fmt, true);

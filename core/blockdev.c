@@ -153,8 +153,9 @@ static const struct bd_format *format_matching(const char *spec) {
   return NULL;
 }
 
-bool bd_spec_is_source(const char *spec) {
-  return format_matching(spec) != NULL;
+bool bd_spec_is_backing_source(const char *spec) {
+  const struct bd_format *f = format_matching(spec);
+  return f && f->backing;
 }
 
 static const struct bd_format *format_probing(void) {

@@ -15,7 +15,7 @@ char *qcow2_backing_path(const char *image, const char *name) {
   const char *slash = strrchr(image, '/');
   char *out = NULL;
   /* A URI has no directory to be relative to. */
-  if (name[0] == '/' || !slash || bd_spec_is_source(name))
+  if (name[0] == '/' || !slash || bd_spec_is_backing_source(name))
     out = strdup(name);
   else if (asprintf(&out, "%.*s%s", (int)(slash - image + 1), image, name) < 0)
     out = NULL;

@@ -7,7 +7,7 @@
 
 /* NAME as seen from the image at IMAGE: NAME itself when absolute, when
  * IMAGE has no directory part or when NAME is a source spec of the
- * installed formats (an NBD URI: bd_spec_is_source()), else IMAGE's
+ * installed formats (an NBD URI: bd_spec_is_backing_source()), else IMAGE's
  * directory (up to its last '/') followed by NAME.  Returns a string to free,
  * or NULL with "out of memory" in bd_errmsg(). */
 char *qcow2_backing_path(const char *image, const char *name);

@@ -498,7 +498,7 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   char name[QCOW2_MAX_BACKING_NAME + 1];
   memcpy(name, hdr + q->h.backing_offset, q->h.backing_size);
   name[q->h.backing_size] = 0;
-  bool source = bd_spec_is_source(name);
+  bool source = bd_spec_is_backing_source(name);
   if (!source && (strstr(name, "://") || strncmp(name, "json:", 5) == 0)) {
     bd_set_error("qcow2 %s: backing file '%s' is neither a local file nor a "
                  "source blockport opens",

@@ -223,10 +223,14 @@ Test(formats, files_by_probe) {
  * to the image's directory. */
 Test(formats, backing_names_the_table_matches_stay_as_they_are) {
   bd_formats_install(formats_registry);
-  cr_assert(bd_spec_is_source("nbd+unix:///?socket=s.sock"));
-  cr_assert(bd_spec_is_source("nbds://h/x"));
-  cr_assert_not(bd_spec_is_source("http://h/x"));
-  cr_assert_not(bd_spec_is_source("base.raw"));
+  cr_assert(bd_spec_is_backing_source("nbd+unix:///?socket=s.sock"));
+  cr_assert(bd_spec_is_backing_source("nbds://h/x"));
+  cr_assert_not(bd_spec_is_backing_source("http://h/x"));
+  cr_assert_not(bd_spec_is_backing_source("base.raw"));
+  /* An image file is not trusted: no plugin (code) nor null/memory. */
+  cr_assert_not(bd_spec_is_backing_source("nbdkit:/tmp/evil.so"));
+  cr_assert_not(bd_spec_is_backing_source("null:1M"));
+  cr_assert_not(bd_spec_is_backing_source("memory:1M"));
   const char *cases[][3] = {
       {"d/ov.qcow2", "nbd://h:10809/golden", "nbd://h:10809/golden"},
       {"d/ov.qcow2", "nbd+unix:///?socket=s.sock",
