@@ -31,7 +31,8 @@ static const char create_usage[] =
     "  -f, --format FMT          image format: qcow2 or raw\n"
     "  -o, --options OPTS        comma separated KEY=VALUE options (below)\n"
     "  -b, --backing FILE        backing file (qcow2; relative to FILE's "
-    "directory)\n"
+    "directory),\n"
+    "                            or an NBD URI (its data read as raw)\n"
     "  -F, --backing-format FMT  backing file format: raw or qcow2 (default: "
     "probed)\n"
     "  -u, --unsafe              do not open the backing file\n"
@@ -281,9 +282,15 @@ static int check_backing(struct create_args *a) {
     }
     return 0;
   }
-  if (!a->backing_fmt)
+  bool source = bd_spec_is_backing_source(path);
+  if (!a->backing_fmt && !source)
     a->backing_fmt = bd_probe_format(path);
-  struct bd *b = bd_open(path, a->backing_fmt, true);
+  struct bd *b = bd_open(path, source ? NULL : a->backing_fmt, true);
+  if (b && source &&
+      !(a->backing_fmt = qcow2_source_backing_format(b, a->backing_fmt))) {
+    bd_close(b);
+    b = NULL;
+  }
   if (!b) {
     fprintf(stderr, "blockport create: cannot open backing file %s: %s\n", path,
             bd_errmsg());

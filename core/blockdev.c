@@ -146,6 +146,18 @@ void bd_formats_install(const struct bd_format *const *table) {
   formats = table;
 }
 
+static const struct bd_format *format_matching(const char *spec) {
+  for (const struct bd_format *const *f = formats; f && *f; f++)
+    if ((*f)->matches && (*f)->matches(spec))
+      return *f;
+  return NULL;
+}
+
+bool bd_spec_is_backing_source(const char *spec) {
+  const struct bd_format *f = format_matching(spec);
+  return f && f->backing;
+}
+
 static const struct bd_format *format_probing(void) {
   for (const struct bd_format *const *f = formats; f && *f; f++)
     if ((*f)->probe)
@@ -172,9 +184,9 @@ const char *bd_probe_format(const char *path) {
  * BD_OPEN_PROBED to O->flags). */
 static const struct bd_format *format_of(const char *spec,
                                          struct bd_open_opts *o) {
-  for (const struct bd_format *const *f = formats; *f; f++)
-    if ((*f)->matches && (*f)->matches(spec))
-      return *f;
+  const struct bd_format *m = format_matching(spec);
+  if (m)
+    return m;
   const char *name = o->format;
   if (!name) {
     const struct bd_format *p = format_probing();

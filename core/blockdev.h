@@ -291,9 +291,17 @@ struct bd_format {
   /* Opens SPEC as O says (never NULL; O->flags has BD_OPEN_PROBED when
    * the probe chose the format).  NULL with a message in bd_errmsg(). */
   struct bd *(*open)(const char *spec, const struct bd_open_opts *o);
+  /* Whether an image file may name a spec this entry matches as its
+   * backing file (an NBD URI).  Never for a source that loads code (a
+   * plugin) or would make no sense there: the image file is not trusted. */
+  bool backing;
 };
 /* TABLE: NULL-terminated, and outliving every opening. */
 void bd_formats_install(const struct bd_format *const *table);
+/* Whether SPEC, as an image's backing file name, names a source rather
+ * than a file: the installed entry whose matcher accepts it allows that
+ * (struct bd_format's backing: an NBD URI). */
+bool bd_spec_is_backing_source(const char *spec);
 
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);

@@ -24,6 +24,7 @@ static const struct bd_format nbd_format = {
     .name = "nbd",
     .matches = nbdsrc_is_uri,
     .open = nbdsrc_open,
+    .backing = true,
 };
 
 static const struct bd_format plugin_format = {

@@ -176,6 +176,20 @@ static int read_backing(struct qcow2dev *q, uint8_t *buf, uint64_t n,
   return have ? bd_pread(q->backing, buf, have, off) : 0;
 }
 
+/* The unallocated run of N bytes at OFF extended over the following
+ * unallocated clusters, up to LEN and the backing device's largest
+ * request: one request to the backing file instead of one per cluster (a
+ * round trip each when the backing file is an NBD export). */
+static uint64_t extend_unallocated(struct qcow2dev *q, uint64_t off,
+                                   uint64_t len, uint64_t n) {
+  uint64_t cap = q->backing->caps.max_block;
+  struct qcow2_run next;
+  while (n < len && map_run(q, off + n, len - n, &next) == 0 &&
+         next.kind == QCOW2_UNALLOCATED && n + next.length <= cap)
+    n += next.length;
+  return n;
+}
+
 int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
   while (len > 0) {
     struct qcow2_run run;
@@ -195,6 +209,7 @@ int qcow2_read(struct qcow2dev *q, uint8_t *p, uint64_t len, uint64_t off) {
     } else if (run.kind == QCOW2_COMPRESSED) {
       r = read_compressed(q, &run, (uint32_t)(off & (q->csize - 1)), p, n);
     } else if (run.kind == QCOW2_UNALLOCATED && q->backing) {
+      n = extend_unallocated(q, off, len, n);
       r = read_backing(q, p, n, off);
     } else {
       memset(p, 0, n);
@@ -444,35 +459,61 @@ static struct bd *qcow2_open_chain(const char *path,
                                    const struct bd_open_opts *o,
                                    const struct chain *chain);
 
-/* With the image's options O: the L2 cache applies to each image. */
+/* A backing file that a source spec names (an NBD URI): opened through
+ * the format table with the image's options, read-only; its data must be
+ * a raw image (qcow2_source_backing_format()). */
+static struct bd *open_backing_source(struct qcow2dev *q, const char *spec,
+                                      const struct bd_open_opts *bo) {
+  struct bd_open_opts so = *bo;
+  so.format = NULL;
+  struct bd *b = bd_open_with(spec, &so);
+  if (b && !qcow2_source_backing_format(b, q->h.backing_format)) {
+    char why[512]; /* bd_close() may set another message */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_close(b);
+    bd_set_error("%s", why);
+    b = NULL;
+  }
+  return b;
+}
+
+static struct bd *open_backing_file(struct qcow2dev *q, const char *bpath,
+                                    const struct bd_open_opts *bo,
+                                    const struct chain *chain) {
+  const char *fmt =
+      q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
+  if (!strcmp(fmt, "qcow2"))
+    return qcow2_open_chain(bpath, bo, chain);
+  if (!strcmp(fmt, "raw"))
+    return raw_open(bpath, bo);
+  bd_set_error("backing format '%s' is not supported", fmt);
+  return NULL;
+}
+
+/* With the image's options O: the L2 cache applies to each image, the NBD
+ * connections and time-out to a backing file an NBD URI names. */
 static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
                                const struct bd_open_opts *o,
                                const struct chain *chain) {
   char name[QCOW2_MAX_BACKING_NAME + 1];
   memcpy(name, hdr + q->h.backing_offset, q->h.backing_size);
   name[q->h.backing_size] = 0;
-  if (strstr(name, "://") || strncmp(name, "json:", 5) == 0) {
-    bd_set_error("qcow2 %s: backing file '%s' is not a local file", q->path,
-                 name);
+  bool source = bd_spec_is_backing_source(name);
+  if (!source && (strstr(name, "://") || strncmp(name, "json:", 5) == 0)) {
+    bd_set_error("qcow2 %s: backing file '%s' is neither a local file nor a "
+                 "source blockport opens",
+                 q->path, name);
     return NULL;
   }
   char *bpath = qcow2_backing_path(q->path, name);
   if (!bpath)
     return NULL;
-  const char *fmt =
-      q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
   /* Read-only, and locked as QEMU locks a backing file: shared with other
    * readers, refusing writers. */
   struct bd_open_opts bo = *o;
   bo.flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
-  struct bd *b = NULL;
-  if (!strcmp(fmt, "qcow2"))
-    b = qcow2_open_chain(bpath, &bo, chain);
-  else if (!strcmp(fmt, "raw"))
-    b = raw_open(bpath, &bo);
-  else
-    bd_set_error("qcow2 %s: backing format '%s' is not supported", q->path,
-                 fmt);
+  struct bd *b = source ? open_backing_source(q, bpath, &bo)
+                        : open_backing_file(q, bpath, &bo, chain);
   if (!b) { /* the reason, with where it comes from, goes to the caller */
     char why[512]; /* bd_errmsg()'s buffer is about to be rewritten */
     snprintf(why, sizeof why, "%s", bd_errmsg());

@@ -20,7 +20,7 @@
 #             unknown compression type, data-file bit without a name,
 #             backing file loops (self, two images, below the top), missing
 #             backing file, unsupported backing format, backing name too
-#             long / past EOF, nbd:// and json: backing names,
+#             long / past EOF, nbd://, http://, nbdkit: and json: backing names,
 #             truncated files (header only, mid-header).
 #   corrupt   the corrupt bit (incompatible bit 1): refused without
 #             --readonly (message mentions "corrupt"); served with
@@ -447,13 +447,22 @@ qemu-img create -q -f qcow2 -u -b c.qcow2 -F qcow2 "$D/chain/top.qcow2" $SIZE
 expect_refused "backing loop below the top image" 'loop' "$D/chain/top.qcow2" --readonly
 qemu-img create -q -f qcow2 -u -b missing.qcow2 -F qcow2 "$D/chain/orphan.qcow2" $SIZE
 expect_refused "missing backing file" 'backing|missing|no such file' "$D/chain/orphan.qcow2" --readonly
-# Backing names that are not local files: never a network connection or a
-# QEMU json: description made from a header.
+# Backing names that are not local files: an NBD URI opens through the NBD
+# source (nothing listens here: refused naming it); other URIs and QEMU
+# json: descriptions made from a header never open anything.
 qemu-img create -q -f qcow2 -u -b 'nbd://127.0.0.1:9/x' -F raw "$D/chain/uri.qcow2" $SIZE
-expect_refused "nbd:// backing name" 'not a local file' "$D/chain/uri.qcow2" --readonly
+expect_refused "unreachable nbd:// backing" 'cannot open backing file nbd://127.0.0.1:9/x' \
+  "$D/chain/uri.qcow2" --readonly
+qemu-img create -q -f qcow2 -u -b 'http://127.0.0.1:9/x' -F raw "$D/chain/http.qcow2" $SIZE
+expect_refused "http:// backing name" 'neither a local file nor a source' \
+  "$D/chain/http.qcow2" --readonly
+# A plugin spec would load code: as a backing name it is only a file name.
+qemu-img create -q -f qcow2 -u -b 'nbdkit:memory' -F raw "$D/chain/plugin.qcow2" $SIZE
+expect_refused "nbdkit: backing name" 'cannot open backing file .*nbdkit:memory: No such file' \
+  "$D/chain/plugin.qcow2" --readonly
 qemu-img create -q -f qcow2 -u -b 'json:{"driver":"raw","file":{"driver":"file","filename":"/etc/passwd"}}' \
   -F raw "$D/chain/json.qcow2" $SIZE
-expect_refused "json: backing name" 'not a local file' "$D/chain/json.qcow2" --readonly
+expect_refused "json: backing name" 'neither a local file nor a source' "$D/chain/json.qcow2" --readonly
 
 # --- corrupt bit
 mk corrupt-bit; qpatch "$img" hdr 72 Q 2

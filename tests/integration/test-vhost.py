@@ -329,6 +329,48 @@ def case_restart_resubmits_inflight(env):
     env.stop(p)
 
 
+def case_qcow2_overlay_over_nbd(env):
+    """A qcow2 overlay whose backing file is a read-only blockport export:
+    reads reach the base, a partial-cluster write and a discard stay in
+    the overlay, and QEMU, opening the overlay over the same URI, agrees."""
+    if not shutil.which("qemu-img"):
+        raise Skip("qemu-img not installed")
+    golden, ov = env.path("golden.raw"), env.path("ov.qcow2")
+    base = pattern(MiB, 7) * 4
+    with open(golden, "wb") as f:
+        f.write(base)
+    uri = env.nbd_serve("--readonly", golden)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
+                    "-b", uri, ov], check=True)
+    p = env.vhost(ov)
+    fe, g, q, blk, _ = session(env, p.sock)
+    eq(blk.run(0, T_IN, 2048, nbytes=8192)[0], S_OK, "read of the base")
+    eq(g.read_fast(blk.slot_data(0), 8192), base[MiB:MiB + 8192],
+       "the base's bytes")
+    data = pattern(1024, 8)
+    eq(blk.run(1, T_OUT, 2049, data=data)[0], S_OK, "partial-cluster write")
+    rng = struct.pack("<QII", 3 * MiB // 512, 128, 0)  # 64 KiB
+    eq(blk.run(2, T_DISCARD, 0, data=rng)[0], S_OK, "discard")
+    eq(blk.run(3, T_FLUSH, 0)[0], S_OK, "flush")
+    fe.close()
+    env.stop(p)
+    want = bytearray(base)
+    want[2049 * 512:2049 * 512 + 1024] = data
+    # A discard in an overlay reads as zeroes (qemu-img, QEMU's view).
+    out = env.path("out.raw")
+    subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", ov,
+                    out], check=True)
+    with open(out, "rb") as f:
+        got = f.read()
+    eq(len(got), len(want), "size")
+    cow = slice(MiB, MiB + 64 * 1024)
+    eq(got[cow], bytes(want[cow]), "the written cluster kept the rest")
+    dis = slice(3 * MiB, 3 * MiB + 64 * 1024)
+    check(got[dis] in (bytes(64 * 1024), base[dis]), "discarded range")
+    want[dis] = got[dis]
+    check(got == bytes(want), "QEMU's view of the overlay")
+
+
 CASES = [(n[5:], f) for n, f in sorted(globals().items())
          if n.startswith("case_")]
 

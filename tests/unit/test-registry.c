@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "formats/qcow2/backing-path.h"
 #include "formats/registry.h"
 
 static const struct bd_ops fake_ops = {.name = "fake"};
@@ -215,4 +216,32 @@ Test(formats, files_by_probe) {
   close(fd);
   cr_assert_str_eq(opened(path, NULL, BD_OPEN_READONLY), "raw");
   unlink(path);
+}
+
+/* Backing file names (formats/qcow2/backing-path.c): a name the table
+ * matches is a source, kept as it is; anything else is a file, relative
+ * to the image's directory. */
+Test(formats, backing_names_the_table_matches_stay_as_they_are) {
+  bd_formats_install(formats_registry);
+  cr_assert(bd_spec_is_backing_source("nbd+unix:///?socket=s.sock"));
+  cr_assert(bd_spec_is_backing_source("nbds://h/x"));
+  cr_assert_not(bd_spec_is_backing_source("http://h/x"));
+  cr_assert_not(bd_spec_is_backing_source("base.raw"));
+  /* An image file is not trusted: no plugin (code) nor null/memory. */
+  cr_assert_not(bd_spec_is_backing_source("nbdkit:/tmp/evil.so"));
+  cr_assert_not(bd_spec_is_backing_source("null:1M"));
+  cr_assert_not(bd_spec_is_backing_source("memory:1M"));
+  const char *cases[][3] = {
+      {"d/ov.qcow2", "nbd://h:10809/golden", "nbd://h:10809/golden"},
+      {"d/ov.qcow2", "nbd+unix:///?socket=s.sock",
+       "nbd+unix:///?socket=s.sock"},
+      {"d/ov.qcow2", "base.raw", "d/base.raw"},
+      {"d/ov.qcow2", "http://h/x", "d/http://h/x"},
+      {"ov.qcow2", "base.raw", "base.raw"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *p = qcow2_backing_path(cases[i][0], cases[i][1]);
+    cr_assert_str_eq(p, cases[i][2], "%s from %s", cases[i][1], cases[i][0]);
+    free(p);
+  }
 }

@@ -1,0 +1,205 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# A qcow2 overlay whose backing file is an NBD export (issue 18, part A):
+# golden raw and qcow2 images served read-only by one blockport, overlays
+# made by qemu-img and by blockport create over nbd+unix:// and nbd://
+# URIs, served by another blockport: reads fall through to the base,
+# copy-on-write writes stay in the overlay, QEMU opening the overlay over
+# the same URI agrees, info and map follow the chain across the network.
+source "$(dirname "$0")/lib.sh"
+require qemu-io qemu-img
+cd "$T"
+
+# The golden images: 16 MiB, a pattern everywhere but one hole.
+qemu-img create -f raw golden.raw 16M >/dev/null
+run qemu-io -f raw -c 'write -P 7 0 8M' -c 'write -P 8 12M 4M' golden.raw \
+  >/dev/null || fail "fill golden.raw"
+run qemu-img convert -O qcow2 golden.raw golden.qcow2 || fail "golden.qcow2"
+
+# base_up IMAGE [tcp|raw]: IMAGE served read-only on its own socket (or TCP
+# port; or undecoded, as raw); BASE is its URI, BASE_PID its server.
+base_up() {
+  rm -f "$T/base.pid"
+  local listen=(--unix "$T/base.sock")
+  BASE="nbd+unix:///?socket=$T/base.sock"
+  local fmt=()
+  [[ ${2-} == raw ]] && fmt=(-f raw)
+  if [[ ${2-} == tcp ]]; then
+    BASE_PORT=${BASE_PORT:-$(_free_port)}
+    listen=(--bind 127.0.0.1 --port "$BASE_PORT")
+    BASE="nbd://127.0.0.1:$BASE_PORT"
+  fi
+  "$BLOCKPORT" serve --readonly "${listen[@]}" --pid-file "$T/base.pid" "${fmt[@]}" "$1" \
+    2>>"$T/base.log" &
+  BASE_PID=$!
+  track_pid $BASE_PID
+  wait_file 10 "$T/base.pid" $BASE_PID || { cat "$T/base.log"; fail "base server"; }
+}
+
+base_down() {
+  kill "$BASE_PID" && wait "$BASE_PID" 2>/dev/null
+  BASE_PID=
+}
+
+# overlay_case NAME MAKER: MAKER creates ov.qcow2 over $BASE; then reads,
+# copy-on-write and a discard through a blockport export of it, and QEMU's
+# view of the overlay compared with the expected content.
+overlay_case() {
+  local name=$1 maker=$2
+  check "$name: reads through the overlay are the base's"
+  rm -f ov.qcow2
+  $maker || fail "create the overlay"
+  start_server ov.qcow2
+  run qemu-img compare -f raw -F raw "$URI" golden.raw ||
+    fail "overlay export differs from the golden image"
+  ok "same content"
+
+  check "$name: copy-on-write of partial clusters, and a discard"
+  cp golden.raw expect.raw
+  run qemu-io -f raw -c 'write -P 9 4096 512' -c 'write -P 10 9M 100K' \
+    -c 'discard 13M 64K' "$URI" >/dev/null || fail "writes through the export"
+  run qemu-io -f raw -c 'write -P 9 4096 512' -c 'write -P 10 9M 100K' \
+    -c 'write -z 13M 64K' expect.raw >/dev/null || fail "expected image"
+  run qemu-img compare -f raw -F raw "$URI" expect.raw ||
+    fail "export differs after writes"
+  stop_server
+  # QEMU opens the overlay, reaching the base over the same URI.
+  run qemu-img compare -F raw ov.qcow2 expect.raw ||
+    fail "QEMU's view of the overlay differs"
+  run qemu-img check ov.qcow2 >/dev/null || fail "qemu-img check"
+  ok "COW kept the rest of each cluster; QEMU agrees"
+}
+
+make_qemu() {
+  run qemu-img create -f qcow2 -F raw -b "$BASE" ov.qcow2 >/dev/null
+}
+make_blockport() {
+  run "$BLOCKPORT" create -f qcow2 -b "$BASE" -F raw ov.qcow2 >/dev/null
+}
+
+base_up golden.raw
+overlay_case "qemu-img overlay over nbd+unix, raw base" make_qemu
+overlay_case "blockport create over nbd+unix, raw base" make_blockport
+
+check "info --backing-chain and map across the network"
+"$BLOCKPORT" info --backing-chain ov.qcow2 >info.txt || { cat info.txt; fail "info"; }
+grep -qF "backing file: $BASE" info.txt || { cat info.txt; fail "backing file"; }
+grep -qF "(actual path" info.txt && { cat info.txt; fail "a URI is no path"; }
+grep -q "^image: $BASE" info.txt || { cat info.txt; fail "chain stops at the URI"; }
+"$BLOCKPORT" map --json ov.qcow2 >map.json || fail "map"
+qemu-img map --output=json ov.qcow2 >qmap.json || fail "qemu-img map"
+"$PY" - map.json qmap.json <<'EOF' || fail "map differs from qemu-img's"
+import json, sys
+def norm(p):
+    out = []
+    for e in json.load(open(p)):
+        k = (e["depth"], e["zero"], e["data"])
+        if out and out[-1][3] == k and out[-1][0] + out[-1][1] == e["start"]:
+            out[-1][1] += e["length"]
+        else:
+            out.append([e["start"], e["length"], None, k])
+    return [(s, l, k) for s, l, _, k in out]
+a, b = norm(sys.argv[1]), norm(sys.argv[2])
+if a != b:
+    print("blockport:", a, "\nqemu-img:", b)
+    sys.exit(1)
+EOF
+ok "chain and allocation depth as QEMU reports them"
+base_down
+
+base_up golden.qcow2
+overlay_case "qemu-img overlay over nbd+unix, qcow2 base served as raw" make_qemu
+base_down
+
+check "a source whose data is a qcow2 image (served undecoded): refused clearly"
+base_up golden.qcow2 raw
+rc=0; "$BLOCKPORT" create -f qcow2 -b "$BASE" ov.qcow2 2>err.txt || rc=$?
+[ $rc -ne 0 ] && grep -q "its data is a qcow2 image" err.txt ||
+  { cat err.txt; fail "create over qcow2 content: exit $rc"; }
+rc=0; "$BLOCKPORT" create -f qcow2 -b "$BASE" -F qcow2 ov.qcow2 2>err.txt || rc=$?
+[ $rc -ne 0 ] && grep -q "declared a qcow2 image" err.txt ||
+  { cat err.txt; fail "create -F qcow2 over a URI: exit $rc"; }
+run qemu-img create -f qcow2 -F qcow2 -b "$BASE" ov.qcow2 >/dev/null ||
+  fail "qemu-img create"
+rc=0; "$BLOCKPORT" serve --unix "$T/x.sock" ov.qcow2 2>err.txt || rc=$?
+[ $rc -eq 1 ] && grep -q "declared a qcow2 image" err.txt ||
+  { cat err.txt; fail "serve of a qcow2-over-NBD overlay: exit $rc"; }
+base_down
+ok "refused, naming the format"
+
+base_up golden.raw tcp
+overlay_case "qemu-img overlay over nbd:// (TCP)" make_qemu
+overlay_case "blockport create over nbd:// (TCP)" make_blockport
+
+check "mount of the overlay: reads, a partial-cluster write, QEMU agrees"
+if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; then
+  MNT=$T/mnt
+  mkdir -p "$MNT"
+  is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
+  trap 'rc=$?; set +e; is_mounted "$MNT" && fusermount3 -u -z "$MNT"; (exit $rc); _cleanup' EXIT
+  rm -f ov.qcow2 mount.pid
+  make_blockport || fail "create the overlay"
+  "${_env_reset[@]}" "$BLOCKPORT" mount --foreground -P mount.pid ov.qcow2 \
+    "$MNT" </dev/null >>mount.log 2>&1 &
+  MOUNT_PID=$!
+  track_pid $MOUNT_PID
+  wait_file 15 mount.pid $MOUNT_PID || { cat mount.log; fail "mount not live"; }
+  cmp "$MNT/ov" golden.raw || fail "mounted overlay differs from the base"
+  cp golden.raw expect.raw
+  head -c 3000 /dev/urandom >piece
+  dd if=piece of="$MNT/ov" bs=3000 seek=1 conv=notrunc,fsync status=none ||
+    fail "write through the mount"
+  dd if=piece of=expect.raw bs=3000 seek=1 conv=notrunc status=none
+  cmp "$MNT/ov" expect.raw || fail "mounted overlay after the write"
+  fusermount3 -u "$MNT" || fail "unmount"
+  wait $MOUNT_PID || fail "mount exited with $?"
+  run qemu-img compare -F raw ov.qcow2 expect.raw || fail "QEMU's view after the mount"
+  ok "mount reads the base and keeps the write"
+else
+  echo "  (skipped: needs /dev/fuse, root and fusermount3)"
+fi
+
+check "a relative backing file name stays relative to the overlay"
+mkdir -p sub
+run qemu-img create -f qcow2 -F raw -b ../golden.raw sub/rel.qcow2 >/dev/null
+run qemu-img compare -f qcow2 -F raw sub/rel.qcow2 golden.raw >/dev/null
+start_server sub/rel.qcow2
+run qemu-img compare -f raw -F raw "$URI" golden.raw || fail "relative file"
+stop_server
+ok "relative to the overlay's directory"
+
+check "the base server restarted during reads"
+start_server ov.qcow2
+run qemu-io -f raw -c 'read -P 7 6M 1M' "$URI" >/dev/null || fail "first read"
+base_down
+( sleep 1; exec "$BLOCKPORT" serve --readonly --bind 127.0.0.1 \
+    --port "$BASE_PORT" --pid-file "$T/base2.pid" golden.raw 2>>"$T/base.log" ) &
+track_pid $!
+run qemu-io -f raw -c 'read -P 7 2M 2M' -c 'read -P 8 14M 1M' "$URI" \
+  >/dev/null || fail "reads while the base restarts"
+stop_server
+ok "reads waited for the base and succeeded"
+
+check "a read over unallocated clusters is one request to the base"
+if command -v nbdkit >/dev/null; then
+  rm -f ov.qcow2 k.log
+  nbdkit -U "$T/k.sock" -P "$T/k.pid" --filter=log file golden.raw \
+    logfile="$T/k.log" || fail "nbdkit"
+  wait_until 10 test -s "$T/k.pid" || fail "nbdkit did not start"
+  track_pid "$(cat "$T/k.pid")"
+  run qemu-img create -f qcow2 -F raw -b "nbd+unix:///?socket=$T/k.sock" \
+    ov.qcow2 >/dev/null || fail "overlay over nbdkit"
+  # One allocated cluster, so that the L2 table exists and maps the rest
+  # cluster by cluster.
+  run qemu-io -f qcow2 -c 'write -P 1 0 4k' ov.qcow2 >/dev/null || fail "write"
+  start_server ov.qcow2
+  : >k.log
+  run qemu-io -f raw -c 'read -P 7 1M 4M' "$URI" >/dev/null || fail "read"
+  stop_server
+  n=$(grep -ac ' Read id=.*count=' k.log)
+  [[ $n -eq 1 ]] || fail "$n requests to the base for 4 MiB (64 clusters)"
+  kill "$(cat "$T/k.pid")"
+  ok "one request for 64 unallocated clusters"
+else
+  echo "  (skipped: no nbdkit)"
+fi
