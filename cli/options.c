@@ -18,6 +18,7 @@ enum {
   ID_L2_CACHE,
   ID_NBD_CONNECTIONS,
   ID_NBD_TIMEOUT,
+  ID_NBD_REPLAY_LIMIT,
   ID_LOG_LEVEL,
   ID_SYSLOG,
 };
@@ -59,6 +60,10 @@ static const struct shared_opt table[] = {
      "not answer fails with EIO at most this long after\n"
      "it was made (plus 1 s for one reconnection),\n"
      "0-86400 (default 30; 0: forever)"},
+    {CO_NBD, ID_NBD_REPLAY_LIMIT, "nbd-replay-limit", "SIZE", 0, 0,
+     "acknowledged writes kept until a flush, sent\n"
+     "again to an NBD server that restarted (default\n"
+     "64M; 0: none); past it a loss fails the next flush"},
     {CO_NBD_OLD, 'C', "connections", "N", 0, 16,
      "the same as --nbd-connections"},
     {CO_NBD_OLD, ID_NBD_TIMEOUT, "timeout", "SECONDS", 0, 86400,
@@ -158,6 +163,13 @@ static int l2_cache(struct cli_common *c, const struct shared_opt *t,
   return 1;
 }
 
+static int replay_limit(struct cli_common *c, const struct shared_opt *t,
+                        const char *arg) {
+  if (bd_parse_size(arg, &c->open.nbd_replay_limit) < 0)
+    return bad(c, t, arg, "a size (4096, 512K, 64M, ...)");
+  return 1;
+}
+
 static int logging(struct cli_common *c, const struct shared_opt *t,
                    const char *arg) {
   if (t->val == 'v')
@@ -181,6 +193,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_L2_CACHE: return l2_cache(c, t, arg);
   case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
   case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);
+  case ID_NBD_REPLAY_LIMIT: return replay_limit(c, t, arg);
   case 'P': c->pid_file = arg; return 1;
   default: return logging(c, t, arg);
   }

@@ -20,7 +20,8 @@ enum {
   CO_WORKERS = 1u << 1,  /* -w, --workers N */
   CO_PLUGIN = 1u << 2,   /* --plugin PLUGIN, -D NAME.FLAG=N */
   CO_L2_CACHE = 1u << 3, /* --l2-cache-size SIZE */
-  CO_NBD = 1u << 4,      /* --nbd-connections N, --nbd-timeout SECONDS */
+  CO_NBD = 1u << 4,      /* --nbd-connections N, --nbd-timeout SECONDS,
+                          * --nbd-replay-limit SIZE */
   /* The spellings mount and vhost had for CO_NBD: -C, --connections,
    * --timeout. */
   CO_NBD_OLD = 1u << 5,

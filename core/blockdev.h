@@ -257,14 +257,22 @@ struct bd_open_opts {
   /* Seconds a request to an NBD source may wait for a lost server before
    * failing with EIO; 0 waits forever. */
   unsigned nbd_timeout;
+  /* Bytes of acknowledged writes (and trims, zeroes) an NBD source keeps
+   * until a flush covers them, to send them again to a server that
+   * restarted (formats/nbd.c); 0 keeps none. */
+  uint64_t nbd_replay_limit;
   /* -D NAME.FLAG=N settings for an nbdkit plugin; the strings must outlive
    * the source. */
   const char *const *plugin_debug;
   size_t n_plugin_debug;
 };
 #define BD_NBD_TIMEOUT_DEFAULT 30
+#define BD_NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
 #define BD_OPEN_OPTS_INIT                                                      \
-  { .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT }
+  {                                                                            \
+    .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT,                                     \
+    .nbd_replay_limit = BD_NBD_REPLAY_LIMIT_DEFAULT                            \
+  }
 /* Opens SPEC as O says (O NULL: the defaults), through the installed
  * formats (below).  NULL with a message in bd_errmsg(). */
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);

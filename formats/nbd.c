@@ -15,20 +15,41 @@
  * puts it on a per-thread list that the thread drains once libnbd has
  * returned.  A front end's done() may then submit again to this device.
  *
- * Loss.  When a connection dies, its commands complete with ENOTCONN.
- * Reads, cache and block status (when nothing was reported yet) are sent
- * again on another connection, or wait for one; writes, trims, zeroes and
- * flushes fail with EIO, since the server may have applied them in part.
- * While no connection is up, requests wait; one whose source's timeout
- * (bd_open_opts.nbd_timeout) has passed since its submission fails with
- * EIO, after at least one reconnection attempt (GRACE_MS) once lost.  A
- * connection with requests in flight that hears nothing from the server
- * for as long is dropped as lost (a peer gone without closing the
- * socket), and so is one holding a request sent again past its deadline.  The
- * event thread reconnects in the background, every 0.5 s doubling to 4 s (every
- * 0.5 s while requests wait), and refuses an export whose size changed.  After
- * a loss with completed writes not yet flushed, the next flush fails with EIO:
- * the server may have dropped them. */
+ * Loss.  When a connection dies, its commands complete with ENOTCONN and
+ * are sent again once a connection is up (block status only when nothing
+ * was reported yet).  While no connection is up, requests wait; one whose
+ * source's timeout (bd_open_opts.nbd_timeout) has passed since its
+ * submission fails with EIO, after at least one reconnection attempt
+ * (GRACE_MS) once lost.  A connection with requests in flight that hears
+ * nothing from the server for as long is dropped as lost (a peer gone
+ * without closing the socket), and so is one holding a request sent again
+ * past its deadline.  The event thread reconnects in the background, every
+ * 0.5 s doubling to 4 s (every 0.5 s while requests wait).
+ *
+ * Replay.  A server killed and restarted loses what it had not made
+ * durable: acknowledged writes in its cache, a qcow2 image's metadata.  So
+ * every write, trim and zero the server acknowledges is kept, with its
+ * data, in the replay log (nbd-replay.c) until a flush covers it.  The
+ * rule: a flush that completes covers every acknowledgement received
+ * before the flush was submitted, on any connection.  That holds because
+ * there are several connections only when the server advertises
+ * multi-conn (whose flush covers writes completed on every connection);
+ * without it there is one, whose flush covers its own writes.  After any
+ * loss the device stops issuing (requests queue), waits until nothing is
+ * in flight anywhere, and on one connection that is up sends the whole
+ * log again in acknowledgement order (a batch of non-overlapping entries
+ * at a time, the next when all are answered: a server may reorder
+ * requests on one connection), and only then releases the queue: the
+ * flushes and writes that were in flight, then the new requests.  Every
+ * connection goes to the same server, so a loss of one is taken as the
+ * server's restart; replaying into a server that kept everything rewrites
+ * the same bytes in the same order, harmless.  The log is bounded
+ * (bd_open_opts.nbd_replay_limit); only when acknowledgements had to be
+ * dropped for the bound and a loss came before a flush covered them does
+ * the next flush fail with EIO, saying how many bytes were past the
+ * bound.  A server that comes back with another size or other export
+ * flags (or refusing the export) is another image: nothing is replayed
+ * into it, and every request fails with EIO until the right one returns. */
 #include <errno.h>
 #include <libnbd.h>
 #include <poll.h>
@@ -46,6 +67,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "formats.h"
+#include "nbd-replay.h"
 #include "nbd-uri.h"
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
@@ -59,6 +81,7 @@
 #define CONNECT_MAX_MS 10000 /* a handshake taking longer is abandoned */
 #define CLOSE_BUSY_MS 5000   /* close waits this long for requests */
 #define CLOSE_DISC_MS 1000   /* and this long for the server to hang up */
+#define REPLAY_BATCH 64      /* replayed commands in flight at once */
 
 enum conn_state {
   C_DOWN,       /* no handle; the event thread retries at due */
@@ -100,7 +123,7 @@ struct op {
   int err;          /* from libnbd's completion callback */
   bool completed;   /* the completion callback ran */
   bool nowait;      /* fail rather than wait for a connection */
-  uint64_t gen;     /* flush: write_gen when submitted */
+  uint64_t gen;     /* flush: the replay log's mark when submitted */
   size_t ext_n;     /* block status: list length when submitted */
   uint64_t ext_end; /* ... and its end */
   int64_t start;    /* ms: when submitted */
@@ -129,16 +152,28 @@ struct nbddev {
   pthread_mutex_t lock; /* waiters, closing, and changes to C_UP */
   struct op *wait_head, *wait_tail;
   bool closing;
-  /* Durability: completed non-FUA writes, and the count the last flush
-   * covered.  A loss in between means those writes may be gone. */
-  _Atomic uint64_t write_gen;
-  uint64_t flushed_gen; /* under lock */
+  /* Acknowledged writes not yet covered by a flush (header comment). */
+  struct replay_log log;
+  /* After a loss: no request is issued until the log has been sent again
+   * (changed under lock); the replay's state belongs to the event thread. */
+  atomic_bool replay_pending;
+  bool rp_started;              /* the log is being sent: rp_next valid */
+  struct replay_entry *rp_next; /* the next entry to send again */
+  atomic_int rp_inflight;       /* replayed commands not answered */
+  atomic_bool rp_lost;          /* one met a lost connection: start over */
+  uint64_t rp_count;            /* entries sent again in this replay */
+  /* A loss lost acknowledged writes (bytes past the bound, or a replayed
+   * one the server refused): the next flush fails. */
   atomic_bool writes_lost;
+  _Atomic uint64_t lost_bytes;
+  /* The server came back as another export: requests fail at once. */
+  atomic_bool foreign;
+  unsigned ident; /* the export's flags at open (ident_of()) */
   /* ms: until then a lost connection is the server's orderly shutdown
    * (one of its connections said ESHUTDOWN), which flushes before it
    * exits: unflushed writes are not counted lost. */
   _Atomic int64_t orderly_until;
-  int64_t bad_size; /* event thread: the wrong size last logged */
+  int64_t bad_size; /* event thread: the wrong identity last logged */
 };
 
 /* Set around an issuing call, so that a free callback run inside the call
@@ -206,11 +241,14 @@ static bool is_write(enum bd_cmd cmd) {
 
 static void flush_done(struct op *op) {
   struct nbddev *d = op->d;
-  pthread_mutex_lock(&d->lock);
-  if (op->gen > d->flushed_gen)
-    d->flushed_gen = op->gen;
-  pthread_mutex_unlock(&d->lock);
+  replay_flushed(&d->log, op->gen);
   if (atomic_exchange(&d->writes_lost, false)) {
+    uint64_t past = atomic_exchange(&d->lost_bytes, 0);
+    log_error("nbd %s: a lost connection lost %llu bytes of acknowledged "
+              "writes: past --nbd-replay-limit (%llu bytes kept), or "
+              "refused when sent again",
+              d->uri, (unsigned long long)past,
+              (unsigned long long)d->log.limit);
     op_fail(op, -EIO,
             "writes completed before a lost connection may not "
             "have reached stable storage");
@@ -220,13 +258,14 @@ static void flush_done(struct op *op) {
 }
 
 static void op_succeeded(struct op *op) {
-  enum bd_cmd cmd = op->req->cmd;
-  if (cmd == BD_FLUSH) {
+  struct bd_req *req = op->req;
+  if (req->cmd == BD_FLUSH) {
     flush_done(op);
     return;
   }
-  if (is_write(cmd) && !(op->req->flags & BD_F_FUA))
-    atomic_fetch_add(&op->d->write_gen, 1);
+  if (is_write(req->cmd))
+    replay_add(&op->d->log, req->cmd, req->flags, op->off, op->len,
+               req->cmd == BD_WRITE ? req->buf : NULL);
   op_end(op, 0);
 }
 
@@ -249,13 +288,11 @@ static void set_deadline(struct op *op, int64_t now) {
 /* The connection went away with the command in flight. */
 static void op_lost(struct op *op) {
   struct bd_req *req = op->req;
-  /* During a server's orderly shutdown a request without a reply was never
-   * executed: the server answers what it took before it closes. */
-  bool orderly = now_ms() < atomic_load(&op->d->orderly_until);
-  bool resend = req->cmd == BD_READ || req->cmd == BD_CACHE ||
-                (req->cmd == BD_BLOCK_STATUS && req->extents->n == op->ext_n &&
-                 req->extents->end == op->ext_end) ||
-                (orderly && req->cmd != BD_BLOCK_STATUS);
+  /* Writes, trims, zeroes and flushes go again after the replay (header
+   * comment); block status only if nothing was reported. */
+  bool resend =
+      req->cmd != BD_BLOCK_STATUS ||
+      (req->extents->n == op->ext_n && req->extents->end == op->ext_end);
   if (!resend) {
     op_fail(op, -EIO, "the connection was lost with the request in flight");
     return;
@@ -397,6 +434,8 @@ static _Thread_local unsigned home_slot;
 
 static struct conn *pick(struct nbddev *d) {
   unsigned n = d->nconns, start = 0;
+  if (atomic_load(&d->replay_pending))
+    return NULL; /* the queue waits for the replay */
   if (n > 1) {
     if (home_dev != d) {
       home_dev = d;
@@ -416,7 +455,8 @@ static struct conn *pick(struct nbddev *d) {
  * true when OP is in flight or has been failed. */
 static bool try_issue(struct conn *c, struct op *op) {
   pthread_rwlock_rdlock(&c->lock);
-  if (atomic_load(&c->state) != C_UP) {
+  /* A replay checks under the write lock that nothing is in flight. */
+  if (atomic_load(&c->state) != C_UP || atomic_load(&c->d->replay_pending)) {
     pthread_rwlock_unlock(&c->lock);
     return false;
   }
@@ -471,6 +511,11 @@ static bool any_up(struct nbddev *d) {
   return false;
 }
 
+/* A connection takes requests: up, and no replay pending (under lock). */
+static bool usable(struct nbddev *d) {
+  return !atomic_load(&d->replay_pending) && any_up(d);
+}
+
 /* Queue OP until a connection is up.  Returns 1 when queued, 0 when a
  * connection came up meanwhile, or -EIO (with OP failed). */
 static int wait_for_conn(struct op *op) {
@@ -480,7 +525,9 @@ static int wait_for_conn(struct op *op) {
   pthread_mutex_lock(&d->lock);
   if (d->closing)
     why = "the device is closing";
-  else if (any_up(d)) {
+  else if (atomic_load(&d->foreign))
+    why = "the server came back as a different export";
+  else if (usable(d)) {
     pthread_mutex_unlock(&d->lock);
     return 0;
   } else if (op->nowait)
@@ -552,7 +599,7 @@ static struct op *new_op(struct nbddev *d, struct bd_req *req, struct split *s,
                     .len = len,
                     .start = now_ms()};
   if (req->cmd == BD_FLUSH)
-    op->gen = atomic_load(&d->write_gen);
+    op->gen = replay_mark(&d->log);
   if (req->cmd == BD_BLOCK_STATUS) {
     op->ext_n = req->extents->n;
     op->ext_end = req->extents->end;
@@ -649,8 +696,12 @@ static void conn_lost(struct conn *c, int64_t now, const char *why) {
   atomic_store(&c->state, C_DOWN);
   pthread_mutex_lock(&d->lock);
   bool closing = d->closing;
-  bool unflushed = atomic_load(&d->write_gen) != d->flushed_gen;
+  /* Before the handle goes: its commands come back to the queue. */
+  if (!closing)
+    atomic_store(&d->replay_pending, true);
+  d->rp_started = false;
   pthread_mutex_unlock(&d->lock);
+  uint64_t past = replay_past(&d->log);
   drop_handle(c);
   c->failures = 0;
   c->lost = true;
@@ -665,10 +716,14 @@ static void conn_lost(struct conn *c, int64_t now, const char *why) {
     return;
   }
   log_warn("nbd %s: connection %u lost: %s", d->uri, c->idx, why);
-  if (unflushed && !atomic_exchange(&d->writes_lost, true))
-    log_warn("nbd %s: writes since the last flush may be lost; the next "
-             "flush will fail",
-             d->uri);
+  if (past) {
+    atomic_store(&d->lost_bytes, past);
+    if (!atomic_exchange(&d->writes_lost, true))
+      log_warn("nbd %s: %llu bytes written since the last flush were past "
+               "the replay log's bound and may be lost; the next flush "
+               "will fail",
+               d->uri, (unsigned long long)past);
+  }
   if (!any_up(d) && d->timeout_ms)
     log_warn("nbd %s: no connection left; requests wait up to %lld s for one",
              d->uri, (long long)d->timeout_ms / 1000);
@@ -701,25 +756,100 @@ static void start_connect(struct conn *c, int64_t now) {
     connect_failed(c, now, nbd_get_error());
 }
 
-/* Move the requests that wait for a connection to C, now up. */
+/* Take the queue of waiting requests (under lock). */
+static struct op *take_waiters(struct nbddev *d) {
+  struct op *op = d->wait_head;
+  d->wait_head = d->wait_tail = NULL;
+  return op;
+}
+
+/* Send the queue: the flushes first (they cover what was replayed), then
+ * the rest in order. */
+static void release(struct op *list) {
+  for (int pass = 0; pass < 2; pass++) {
+    struct op *rest = NULL, **tail = &rest;
+    while (list) {
+      struct op *next = list->next;
+      if (pass == 1 || list->req->cmd == BD_FLUSH) {
+        dispatch(list);
+      } else {
+        *tail = list;
+        tail = &list->next;
+        list->next = NULL;
+      }
+      list = next;
+    }
+    list = rest;
+  }
+}
+
+/* C is up: the waiting requests go, unless a replay must come first. */
 static void conn_up(struct conn *c) {
   struct nbddev *d = c->d;
+  struct op *op = NULL;
   atomic_store(&c->last_read, now_ms());
   pthread_mutex_lock(&d->lock);
   atomic_store(&c->state, C_UP);
-  struct op *op = d->wait_head;
-  d->wait_head = d->wait_tail = NULL;
+  if (!atomic_load(&d->replay_pending))
+    op = take_waiters(d);
   pthread_mutex_unlock(&d->lock);
   d->bad_size = 0;
   log_info("nbd %s: connection %u %s", d->uri, c->idx,
            c->lost ? "re-established" : "up");
   c->failures = 0;
   c->lost = false;
+  release(op);
+}
+
+/* What identifies the export besides its size: its flags. */
+static unsigned ident_of(struct nbd_handle *h) {
+  int v[] = {nbd_is_read_only(h),
+             nbd_can_flush(h),
+             nbd_can_fua(h),
+             nbd_can_trim(h),
+             nbd_can_zero(h),
+             nbd_can_fast_zero(h),
+             nbd_can_cache(h),
+             nbd_can_multi_conn(h),
+             nbd_can_df(h),
+             nbd_is_rotational(h),
+             nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION)};
+  unsigned r = 0;
+  for (unsigned i = 0; i < sizeof v / sizeof *v; i++)
+    r |= (v[i] == 1 ? 1u : 0u) << i;
+  return r;
+}
+
+/* Fail every waiting request: the server is another export now. */
+static void fail_waiters(struct nbddev *d, const char *why) {
+  pthread_mutex_lock(&d->lock);
+  struct op *op = take_waiters(d);
+  pthread_mutex_unlock(&d->lock);
   while (op) {
     struct op *next = op->next;
-    dispatch(op);
+    op_fail(op, -EIO, why);
     op = next;
   }
+}
+
+/* H's export is not the one opened: refuse it, and fail the requests
+ * rather than replay into it. */
+static void foreign_export(struct conn *c, int64_t now, int64_t size) {
+  struct nbddev *d = c->d;
+  int64_t key = size ^ ((int64_t)ident_of(c->h) << 48);
+  if (key != d->bad_size)
+    log_error("nbd %s: the export came back as another (%lld bytes, flags "
+              "%#x; was %llu bytes, flags %#x): failing requests until it "
+              "is the same again",
+              d->uri, (long long)size, ident_of(c->h),
+              (unsigned long long)d->size, d->ident);
+  d->bad_size = key; /* log each wrong identity once */
+  atomic_store(&d->foreign, true);
+  c->failures++;
+  drop_handle(c);
+  atomic_store(&c->state, C_DOWN);
+  schedule_retry(c, now);
+  fail_waiters(d, "the server came back as a different export");
 }
 
 /* The handshake advanced: done, failed, or still going. */
@@ -733,19 +863,160 @@ static void connect_progress(struct conn *c, int64_t now, const char *why) {
     return;
   }
   int64_t size = nbd_get_size(h);
-  if (size != (int64_t)c->d->size) {
-    if (size != c->d->bad_size)
-      log_error("nbd %s: the export is now %lld bytes, was %llu: refusing "
-                "it until it is the same again",
-                c->d->uri, (long long)size, (unsigned long long)c->d->size);
-    c->d->bad_size = size; /* log each wrong size once */
-    c->failures++;
-    drop_handle(c);
-    atomic_store(&c->state, C_DOWN);
-    schedule_retry(c, now);
+  if (size != (int64_t)c->d->size || ident_of(h) != c->d->ident) {
+    foreign_export(c, now, size);
     return;
   }
+  atomic_store(&c->d->foreign, false);
   conn_up(c);
+}
+
+/* ---- replay after a loss (header comment) ---- */
+
+struct rp_cmd {
+  struct nbddev *d;
+  struct conn *c;
+  uint64_t len;
+  int err;
+  bool completed;
+};
+
+static _Thread_local struct rp_cmd *rp_issuing;
+
+static int rp_completed(void *user_data, int *error) {
+  struct rp_cmd *r = user_data;
+  r->completed = true;
+  r->err = *error;
+  return 1;
+}
+
+static void rp_refused(struct nbddev *d, uint64_t len, const char *why) {
+  log_error("nbd %s: a write sent again after a loss failed: %s", d->uri, why);
+  atomic_fetch_add(&d->lost_bytes, len);
+  atomic_store(&d->writes_lost, true);
+}
+
+static void rp_freed(void *user_data) {
+  struct rp_cmd *r = user_data;
+  struct nbddev *d = r->d;
+  int err = r->completed ? r->err : ENOTCONN;
+  if (r == rp_issuing && !r->completed)
+    err = 0; /* refused at issue: replay_one() decides */
+  if (err == ESHUTDOWN) {
+    int up = C_UP;
+    atomic_compare_exchange_strong(&r->c->state, &up, C_DRAINING);
+  }
+  if (err == ENOTCONN || err == ESHUTDOWN)
+    atomic_store(&d->rp_lost, true);
+  else if (err)
+    rp_refused(d, r->len, strerror(err));
+  atomic_fetch_sub(&r->c->inflight, 1);
+  atomic_fetch_sub(&d->rp_inflight, 1);
+  free(r);
+}
+
+/* Send E again on C (read-locked). */
+static void replay_one(struct conn *c, const struct replay_entry *e) {
+  struct nbddev *d = c->d;
+  struct rp_cmd *r = calloc(1, sizeof *r);
+  if (!r) {
+    rp_refused(d, e->len, "out of memory");
+    return;
+  }
+  *r = (struct rp_cmd){.d = d, .c = c, .len = e->len};
+  nbd_completion_callback cb = {
+      .callback = rp_completed, .user_data = r, .free = rp_freed};
+  uint32_t fua = (e->flags & BD_F_FUA) ? LIBNBD_CMD_FLAG_FUA : 0;
+  uint32_t zf = (e->flags & BD_F_MAY_TRIM) ? 0 : LIBNBD_CMD_FLAG_NO_HOLE;
+  atomic_fetch_add(&c->inflight, 1);
+  atomic_fetch_add(&d->rp_inflight, 1);
+  rp_issuing = r;
+  int64_t rc = e->cmd == BD_WRITE
+                   ? nbd_aio_pwrite(c->h, e->data, e->len, e->off, cb, fua)
+               : e->cmd == BD_TRIM
+                   ? nbd_aio_trim(c->h, e->len, e->off, cb, fua)
+                   : nbd_aio_zero(c->h, e->len, e->off, cb, fua | zf);
+  rp_issuing = NULL;
+  if (rc >= 0)
+    return;
+  if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h))
+    atomic_store(&d->rp_lost, true);
+  else
+    rp_refused(d, e->len, nbd_get_error());
+}
+
+static bool overlaps(struct replay_entry *const *b, unsigned n,
+                     const struct replay_entry *e) {
+  for (unsigned i = 0; i < n; i++)
+    if (e->off < b[i]->off + b[i]->len && b[i]->off < e->off + e->len)
+      return true;
+  return false;
+}
+
+/* Nothing in flight on any connection (a submitter that saw no replay
+ * pending has counted its request before it unlocks). */
+static bool quiet(struct nbddev *d) {
+  bool busy = false;
+  for (unsigned i = 0; i < d->nconns; i++) {
+    struct conn *c = &d->conns[i];
+    pthread_rwlock_wrlock(&c->lock);
+    busy |= atomic_load(&c->inflight) > 0;
+    pthread_rwlock_unlock(&c->lock);
+  }
+  return !busy;
+}
+
+/* The replay is over: the queue goes. */
+static void replay_done(struct nbddev *d) {
+  pthread_mutex_lock(&d->lock);
+  atomic_store(&d->replay_pending, false);
+  struct op *op = take_waiters(d);
+  pthread_mutex_unlock(&d->lock);
+  d->rp_started = false;
+  if (d->rp_count)
+    log_info("nbd %s: sent %llu acknowledged writes, trims and zeroes "
+             "again after the loss",
+             d->uri, (unsigned long long)d->rp_count);
+  release(op);
+}
+
+/* The next step of a pending replay: start once a connection is up and
+ * nothing is in flight, send the next batch of non-overlapping entries
+ * once the last is answered, finish at the end of the log. */
+static void replay_step(struct nbddev *d, bool closing) {
+  if (closing || !atomic_load(&d->replay_pending) ||
+      atomic_load(&d->rp_inflight) > 0)
+    return;
+  if (atomic_exchange(&d->rp_lost, false))
+    d->rp_started = false; /* its connection went too: start over */
+  struct conn *c = NULL;
+  for (unsigned i = 0; i < d->nconns && !c; i++)
+    if (atomic_load(&d->conns[i].state) == C_UP)
+      c = &d->conns[i];
+  if (!c)
+    return;
+  if (!d->rp_started) {
+    if (!quiet(d))
+      return;
+    pthread_mutex_lock(&d->log.lock);
+    d->rp_next = d->log.head;
+    pthread_mutex_unlock(&d->log.lock);
+    d->rp_started = true;
+    d->rp_count = 0;
+  }
+  struct replay_entry *batch[REPLAY_BATCH];
+  unsigned n = 0;
+  pthread_rwlock_rdlock(&c->lock);
+  atomic_store(&c->last_read, now_ms()); /* the hang check's clock */
+  while (d->rp_next && n < REPLAY_BATCH && !overlaps(batch, n, d->rp_next)) {
+    batch[n++] = d->rp_next;
+    replay_one(c, d->rp_next);
+    d->rp_next = d->rp_next->next;
+  }
+  pthread_rwlock_unlock(&c->lock);
+  d->rp_count += n;
+  if (!n)
+    replay_done(d);
 }
 
 /* ---- the event thread ---- */
@@ -861,6 +1132,7 @@ static int housekeeping(struct nbddev *d, int64_t now, bool closing) {
     if ((st == C_DOWN || st == C_CONNECTING) && !closing && c->due < next)
       next = c->due;
   }
+  replay_step(d, closing);
   drain();
   /* Submitters do not wake this thread for a first request in flight, so
    * the hang check runs on a tick. */
@@ -999,10 +1271,7 @@ static void sync_flush_done(struct bd_req *req, int err) {
 
 static int nbdsrc_flush_sync(struct bd *bd) {
   struct nbddev *d = bd->priv;
-  pthread_mutex_lock(&d->lock);
-  bool clean = atomic_load(&d->write_gen) == d->flushed_gen;
-  pthread_mutex_unlock(&d->lock);
-  if (clean && !atomic_load(&d->writes_lost))
+  if (replay_clean(&d->log) && !atomic_load(&d->writes_lost))
     return 0;
   struct sync_flush s = {.req = {.cmd = BD_FLUSH, .done = sync_flush_done},
                          .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -1026,6 +1295,10 @@ static void free_dev(struct nbddev *d) {
     pthread_rwlock_destroy(&d->conns[i].lock);
   }
   drain(); /* commands closed with their handles fail here */
+  if (d->log.peak)
+    log_info("nbd %s: replay log peak %llu bytes", d->uri,
+             (unsigned long long)d->log.peak);
+  replay_destroy(&d->log);
   if (d->wakefd >= 0)
     close(d->wakefd);
   pthread_mutex_destroy(&d->lock);
@@ -1096,11 +1369,13 @@ static unsigned conn_count(struct nbddev *d, struct nbd_handle *h,
   return want;
 }
 
-static struct nbddev *new_dev(const char *uri, unsigned timeout_s) {
+static struct nbddev *new_dev(const char *uri, unsigned timeout_s,
+                              uint64_t replay_limit) {
   struct nbddev *d = calloc(1, sizeof *d);
   if (!d)
     return NULL;
   d->wakefd = -1;
+  replay_init(&d->log, replay_limit);
   pthread_mutex_init(&d->lock, NULL);
   for (unsigned i = 0; i < MAX_CONNS; i++) {
     struct conn *c = &d->conns[i];
@@ -1174,6 +1449,7 @@ static int connect_first(struct nbddev *d) {
     return -1;
   }
   d->size = (uint64_t)size;
+  d->ident = ident_of(h);
   atomic_store(&d->conns[0].state, C_UP);
   return 0;
 }
@@ -1185,8 +1461,9 @@ static void connect_rest(struct nbddev *d) {
     struct nbd_handle *h = new_handle();
     const char *why =
         h ? connect_within(h, d->uri) : "cannot create a libnbd handle";
-    if (!why && nbd_get_size(h) != (int64_t)d->size)
-      why = "the export changed size";
+    if (!why &&
+        (nbd_get_size(h) != (int64_t)d->size || ident_of(h) != d->ident))
+      why = "the export changed size or flags";
     if (!why) {
       c->h = h;
       atomic_store(&c->state, C_UP);
@@ -1200,7 +1477,7 @@ static void connect_rest(struct nbddev *d) {
 
 struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
   bool readonly = o->flags & BD_OPEN_READONLY;
-  struct nbddev *d = new_dev(uri, o->nbd_timeout);
+  struct nbddev *d = new_dev(uri, o->nbd_timeout, o->nbd_replay_limit);
   struct bd *bd = NULL;
   if (!d) {
     bd_set_error("nbd %s: cannot set up: out of memory", uri);
