@@ -3,7 +3,7 @@
  * block device, run inside the test guest, and on the host against a
  * regular file to produce the content the device must end up with.
  *
- *   guest-blk DEVICE-OR-FILE SEED [JOBS [OPS]]
+ *   guest-blk DEVICE-OR-FILE SEED [JOBS [OPS [lossy]]]
  *
  * The disk is cut into JOBS regions, one process each (so the device sees
  * that many requests at once).  Each process does OPS random operations in
@@ -15,6 +15,16 @@
  * O_DIRECT and checks every sector against its own model.  On a regular
  * file the same operations become pwrite, fallocate(ZERO_RANGE/PUNCH_HOLE)
  * and fdatasync, so both runs end with the same bytes.
+ *
+ * Job 0 prints "GUEST-BLK progress N" every 50 operations, so that a test
+ * can act at a point of the run.
+ *
+ * lossy: an operation or flush that fails is reported ("GUEST-BLK ERROR
+ * ...") and the run goes on.  The sectors it may have left old (the
+ * operation's; for a flush, those written since the last good flush) are
+ * marked uncertain, and the read-back accepts any content there: what
+ * differs elsewhere was lost silently, a failure.  Meant for one job, since
+ * a failed flush is reported to the one process that asked.
  *
  * Prints "GUEST-BLK OK" or "GUEST-BLK FAIL ..." and exits 0 or 1. */
 #define _GNU_SOURCE
@@ -36,6 +46,7 @@
 #define UNIT (1u << 20) /* discard granularity */
 
 static uint64_t rng_state;
+static bool lossy;
 
 static uint64_t rnd(void) { /* xorshift64* */
   rng_state ^= rng_state >> 12;
@@ -75,8 +86,12 @@ static int do_zero(struct disk *d, uint64_t off, uint64_t len, bool discard) {
   return ioctl(d->fd, discard ? BLKDISCARD : BLKZEROOUT, range);
 }
 
+/* Generations have the job in bits 20+; this bit marks a sector uncertain. */
+#define UNCERTAIN 0x80000000u
+
 static int verify(struct disk *d, uint8_t *buf, uint64_t start, uint64_t end,
                   const uint32_t *gen) {
+  uint64_t differ = 0;
   uint8_t want[SECTOR];
   for (uint64_t off = start; off < end; off += MAX_IO) {
     uint64_t len = end - off < MAX_IO ? end - off : MAX_IO;
@@ -87,15 +102,30 @@ static int verify(struct disk *d, uint8_t *buf, uint64_t start, uint64_t end,
     }
     for (uint64_t s = 0; s < len / SECTOR; s++) {
       uint64_t sector = off / SECTOR + s;
-      fill_sector(want, sector, gen[sector - start / SECTOR]);
-      if (memcmp(buf + s * SECTOR, want, SECTOR) != 0) {
+      uint32_t g = gen[sector - start / SECTOR];
+      fill_sector(want, sector, g & ~UNCERTAIN);
+      bool same = memcmp(buf + s * SECTOR, want, SECTOR) == 0;
+      if (!same && (g & UNCERTAIN)) {
+        differ++;
+        continue;
+      }
+      if (!same) {
         printf("GUEST-BLK FAIL sector %llu (generation %u) differs\n",
                (unsigned long long)sector, gen[sector - start / SECTOR]);
         return -1;
       }
     }
   }
+  if (differ)
+    printf("GUEST-BLK %llu sectors differ, each after a reported error\n",
+           (unsigned long long)differ);
   return 0;
+}
+
+/* lossy: the sectors [FROM, TO) of the region may hold old content. */
+static void uncertain(uint32_t *gen, uint64_t from, uint64_t to) {
+  for (uint64_t s = from; s < to; s++)
+    gen[s] |= UNCERTAIN;
 }
 
 /* One process: OPS operations in [start, end), then a full check. */
@@ -104,8 +134,10 @@ static int run_job(struct disk *d, uint64_t seed, unsigned job, uint64_t start,
   rng_state = seed * 1000003u + job + 1;
   uint64_t sectors = (end - start) / SECTOR;
   uint32_t *gen = calloc(sectors, sizeof *gen);
+  /* lossy: the sectors written since the last good flush */
+  bool *dirty = calloc(sectors, sizeof *dirty);
   uint8_t *buf = aligned_alloc(4096, MAX_IO);
-  if (!gen || !buf)
+  if (!gen || !dirty || !buf)
     return -1;
   for (unsigned op = 1; op <= ops; op++) {
     uint64_t kind = rnd() % 10, r;
@@ -128,19 +160,41 @@ static int run_job(struct disk *d, uint64_t seed, unsigned job, uint64_t start,
       r = (uint64_t)do_zero(d, off, len, kind == 9);
     }
     if (r != 0) {
-      printf("GUEST-BLK FAIL job %u op %u at %llu+%llu: %s\n", job, op,
-             (unsigned long long)off, (unsigned long long)len, strerror(errno));
-      return -1;
+      printf("GUEST-BLK %s job %u op %u at %llu+%llu: %s\n",
+             lossy ? "ERROR" : "FAIL", job, op, (unsigned long long)off,
+             (unsigned long long)len, strerror(errno));
+      if (!lossy)
+        return -1;
     }
-    for (uint64_t s = 0; s < len / SECTOR; s++)
-      gen[(off - start) / SECTOR + s] = g;
+    for (uint64_t s = 0; s < len / SECTOR; s++) {
+      gen[(off - start) / SECTOR + s] = g | (r ? UNCERTAIN : 0);
+      dirty[(off - start) / SECTOR + s] = true;
+    }
+    if (job == 0 && op % 50 == 0) {
+      printf("GUEST-BLK progress %u\n", op);
+      fflush(stdout);
+    }
     if (op % 16 == 0 && fdatasync(d->fd) != 0) {
-      printf("GUEST-BLK FAIL flush: %s\n", strerror(errno));
-      return -1;
+      printf("GUEST-BLK %s flush after op %u: %s\n", lossy ? "ERROR" : "FAIL",
+             op, strerror(errno));
+      if (!lossy)
+        return -1;
+      for (uint64_t s = 0; s < sectors; s++)
+        if (dirty[s])
+          uncertain(gen, s, s + 1);
     }
+    if (op % 16 == 0)
+      memset(dirty, 0, sectors * sizeof *dirty);
   }
-  if (fdatasync(d->fd) != 0)
-    return -1;
+  if (fdatasync(d->fd) != 0) {
+    printf("GUEST-BLK %s the last flush: %s\n", lossy ? "ERROR" : "FAIL",
+           strerror(errno));
+    if (!lossy)
+      return -1;
+    for (uint64_t s = 0; s < sectors; s++)
+      if (dirty[s])
+        uncertain(gen, s, s + 1);
+  }
   return verify(d, buf, start, end, gen);
 }
 
@@ -154,6 +208,7 @@ int main(int argc, char **argv) {
   uint64_t seed = strtoull(argv[2], NULL, 0);
   unsigned jobs = argc > 3 ? (unsigned)atoi(argv[3]) : 4;
   unsigned ops = argc > 4 ? (unsigned)atoi(argv[4]) : 200;
+  lossy = argc > 5 && strcmp(argv[5], "lossy") == 0;
   if (stat(argv[1], &st) != 0) {
     printf("GUEST-BLK FAIL %s: %s\n", argv[1], strerror(errno));
     return 1;
