@@ -339,9 +339,9 @@ static void op_refused_for_shutdown(struct op *op) {
 }
 
 static void finish(struct op *op) {
-  atomic_fetch_sub(&op->c->inflight, 1);
-  if (op->deadline && atomic_fetch_sub(&op->c->resent, 1) == 1)
-    atomic_store(&op->c->resent_deadline, INT64_MAX);
+  struct conn *c = op->c;
+  if (op->deadline && atomic_fetch_sub(&c->resent, 1) == 1)
+    atomic_store(&c->resent_deadline, INT64_MAX);
   int err = op->completed ? op->err : ENOTCONN;
   if (err == ESHUTDOWN)
     op_refused_for_shutdown(op);
@@ -351,6 +351,9 @@ static void finish(struct op *op) {
     op_fail(op, -err, strerror(err));
   else
     op_succeeded(op);
+  /* Last: a replay starts only once nothing is in flight, so the replay
+   * log is not changed (by this acknowledgement or flush) under it. */
+  atomic_fetch_sub(&c->inflight, 1);
 }
 
 /* Finish the commands libnbd released on this thread. */
