@@ -10,6 +10,7 @@
 # (qemu-img compare), leaks only (qemu-img check).  With the bound tiny,
 # the flush after a loss fails and the log says how many bytes were past
 # it.  An upstream back with another size fails requests, replays nothing.
+# The same restarts under a mount of the NBD URI.
 source "$(dirname "$0")/lib.sh"
 require qemu-img
 require_py_nbd
@@ -156,4 +157,75 @@ stop_server
 kill -TERM $UP_PID
 wait $UP_PID || true
 ok "refused and failed at once; accepted again when it is back"
+
+check "through mount: kill -9 of the upstream under O_DIRECT writes, twice"
+if [[ $(id -u) -ne 0 || ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
+  skip_case "mount needs root, /dev/fuse and fusermount3"
+else
+  MNT=$T/mnt
+  mkdir -p "$MNT"
+  is_mounted() { awk -v m="$MNT" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
+  trap 'rc=$?; set +e; is_mounted && fusermount3 -u -z "$MNT"; (exit $rc); _cleanup' EXIT
+  qemu-img create -f qcow2 m.qcow2 64M >/dev/null
+  start_up m.qcow2
+  rm -f mount.pid stop progress
+  "${_env_reset[@]}" "$BLOCKPORT" mount --foreground -P mount.pid "$UP" "$MNT" \
+    </dev/null >>mount.log 2>&1 &
+  mpid=$!
+  track_pid $mpid
+  wait_file 15 mount.pid $mpid || { cat mount.log; fail "mount not live"; }
+  cat >mwriter.py <<'PYEOF'
+import mmap, os, random, sys
+path, expect, progress, stop = sys.argv[1:]
+fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+size = os.lseek(fd, 0, os.SEEK_END)
+model = bytearray(size)
+buf = mmap.mmap(-1, 1 << 17)
+rng = random.Random(7)
+n = 0
+try:
+    while not os.path.exists(stop):
+        length = rng.randrange(1, 33) * 4096
+        off = rng.randrange(0, (size - length) // 4096) * 4096
+        data = (b"%d:%d " % (n, off)) * (length // 8)
+        data = (data + bytes(length))[:length]
+        buf[:length] = data
+        os.pwritev(fd, [memoryview(buf)[:length]], off)
+        model[off:off + length] = data
+        n += 1
+        if n % 16 == 0:
+            os.fsync(fd)
+            with open(progress, "w") as f:
+                f.write("%d\n" % n)
+    os.fsync(fd)
+except OSError as e:
+    print("mwriter: error after %d writes: %s" % (n, e))
+    sys.exit(1)
+with open(expect, "wb") as f:
+    f.write(model)
+print("mwriter: %d writes" % n)
+PYEOF
+  "$PY" mwriter.py "$MNT/disk" mexpect.raw progress stop >mwriter.out 2>&1 &
+  w=$!
+  track_pid $w
+  goal=0
+  for round in 1 2; do
+    goal=$((goal + 200))
+    wait_until 120 past $goal || { cat mwriter.out mount.log; fail "the writer stalled"; }
+    kill_up
+    start_up m.qcow2
+  done
+  goal=$((goal + 200))
+  wait_until 120 past $goal || { cat mwriter.out; fail "the writer stalled after the restarts"; }
+  touch stop
+  wait $w || { cat mwriter.out; tail -20 mount.log; fail "the writer saw an error"; }
+  cat mwriter.out
+  grep -q "sent .* again after the loss" mount.log || fail "no replay logged by the mount"
+  fusermount3 -u "$MNT"
+  wait $mpid || fail "mount exited with $?"
+  kill -TERM $UP_PID
+  wait $UP_PID || true
+  check_image m.qcow2 mexpect.raw
+  ok "no error reached the writer; the image holds every write"
+fi
 check_sanitizer_reports "$T/up.log"
