@@ -223,6 +223,7 @@ PYEOF
   grep -q "sent .* again after the loss" mount.log || fail "no replay logged by the mount"
   fusermount3 -u "$MNT"
   wait $mpid || fail "mount exited with $?"
+  check_sanitizer_reports mount.log
   kill -TERM $UP_PID
   wait $UP_PID || true
   check_image m.qcow2 mexpect.raw

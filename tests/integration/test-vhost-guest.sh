@@ -93,7 +93,8 @@ verify() {
 }
 
 progress() { tr -d '\r' <console.log | grep -c "GUEST-BLK progress" || true; }
-past() { (($(progress) >= $1)); }
+ended() { grep -q "GUEST-BLK OK\|GUEST-BLK FAIL" console.log; }
+past() { (($(progress) >= $1)) || ended; }
 
 # kill_restart N FMT: N times, once the guest has made 50 more operations,
 # kill -9 the server and start it again at once.
@@ -101,6 +102,7 @@ kill_restart() {
   local i
   for ((i = 1; i <= $1; i++)); do
     wait_until 240 past $((i + 1)) || { cat console.log; fail "the guest stalled"; }
+    ! ended || { tr -d '\r' <console.log | grep GUEST; fail "the guest ended before kill $i"; }
     kill -KILL "$SERVER_PID"
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=
