@@ -835,17 +835,22 @@ static void fail_waiters(struct nbddev *d, const char *why) {
   }
 }
 
-/* H's export is not the one opened: refuse it, and fail the requests
- * rather than replay into it. */
+/* The server is not the export opened (SIZE -1: it has no such export):
+ * refuse it, and fail the requests rather than replay into it. */
 static void foreign_export(struct conn *c, int64_t now, int64_t size) {
   struct nbddev *d = c->d;
-  int64_t key = size ^ ((int64_t)ident_of(c->h) << 48);
-  if (key != d->bad_size)
+  unsigned ident = size < 0 ? 0 : ident_of(c->h);
+  int64_t key = size ^ ((int64_t)ident << 48);
+  if (key != d->bad_size && size < 0)
+    log_error("nbd %s: the server came back without the export: failing "
+              "requests until it has it again",
+              d->uri);
+  else if (key != d->bad_size)
     log_error("nbd %s: the export came back as another (%lld bytes, flags "
               "%#x; was %llu bytes, flags %#x): failing requests until it "
               "is the same again",
-              d->uri, (long long)size, ident_of(c->h),
-              (unsigned long long)d->size, d->ident);
+              d->uri, (long long)size, ident, (unsigned long long)d->size,
+              d->ident);
   d->bad_size = key; /* log each wrong identity once */
   atomic_store(&d->foreign, true);
   c->failures++;
@@ -860,6 +865,12 @@ static void connect_progress(struct conn *c, int64_t now, const char *why) {
   struct nbd_handle *h = c->h;
   if (nbd_aio_is_connecting(h) && now < c->due)
     return;
+  /* libnbd says so only in its message (NBD_REP_ERR_UNKNOWN). */
+  if (!nbd_aio_is_ready(h) && !nbd_aio_is_connecting(h) &&
+      strstr(why, "has no export named")) {
+    foreign_export(c, now, -1);
+    return;
+  }
   if (!nbd_aio_is_ready(h)) {
     connect_failed(c, now,
                    nbd_aio_is_connecting(h) ? "handshake timed out" : why);

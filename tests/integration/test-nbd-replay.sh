@@ -9,7 +9,8 @@
 # reads back what it wrote, and the image holds every acknowledged write
 # (qemu-img compare), leaks only (qemu-img check).  With the bound tiny,
 # the flush after a loss fails and the log says how many bytes were past
-# it.  An upstream back with another size fails requests, replays nothing.
+# it.  An upstream back with another size, or without the export, fails
+# requests and gets nothing replayed.
 # The same restarts under a mount of the NBD URI.
 source "$(dirname "$0")/lib.sh"
 require qemu-img
@@ -19,9 +20,9 @@ cd "$T"
 UP="nbd+unix:///?socket=$T/up.sock"
 UP_PID=
 
-start_up() { # IMAGE
+start_up() { # IMAGE...
   rm -f up.pid
-  "$BLOCKPORT" serve --unix "$T/up.sock" --pid-file "$T/up.pid" "$1" \
+  "$BLOCKPORT" serve --unix "$T/up.sock" --pid-file "$T/up.pid" "$@" \
     2>>up.log &
   UP_PID=$!
   track_pid $UP_PID
@@ -157,6 +158,30 @@ stop_server
 kill -TERM $UP_PID
 wait $UP_PID || true
 ok "refused and failed at once; accepted again when it is back"
+
+check "the upstream back without the export: requests fail with EIO, no replay"
+start_up one=b.qcow2 two=a.qcow2
+start_server --nbd-timeout 30 "nbd+unix:///two?socket=$T/up.sock"
+[[ $(run "$PY" one.py "$URI" write) == ok ]] || fail "write before the loss"
+mark=$(wc -l <"$T/server.log")
+kill_up
+start_up one=b.qcow2
+wait_until 10 since_mark "without the export" || fail "no log of the missing export"
+r=$(run "$PY" one.py "$URI" read)
+[[ $r == error* ]] || fail "read without the export: $r"
+awk -v t="$(cut -d' ' -f2 <<<"$r")" 'BEGIN{exit !(t < 10)}' ||
+  fail "the read failed only after $r s: it should not wait for the time-out"
+! since_mark "sent .* again after the loss" || fail "replayed into another export"
+kill_up
+mark=$(wc -l <"$T/server.log")
+start_up one=b.qcow2 two=a.qcow2
+wait_until 10 since_mark "re-established" || fail "no reconnection to the export"
+[[ $(run "$PY" one.py "$URI" read) == ok ]] || fail "read once the export is back"
+since_mark "sent 1 acknowledged" || fail "the write was not sent again to the export"
+stop_server
+kill -TERM $UP_PID
+wait $UP_PID || true
+ok "failed at once; replayed once the export is back"
 
 check "through mount: kill -9 of the upstream under O_DIRECT writes, twice"
 if [[ $(id -u) -ne 0 || ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
