@@ -39,8 +39,10 @@
  * in flight anywhere, and on one connection that is up sends the whole
  * log again in acknowledgement order (a batch of non-overlapping entries
  * at a time, the next when all are answered: a server may reorder
- * requests on one connection), and only then releases the queue: the
- * flushes and writes that were in flight, then the new requests.  Every
+ * requests on one connection), and only then releases the queue: its
+ * flushes first (what they cover is on the server again), then the rest
+ * as queued (those in flight at the loss, resent, and new ones: none was
+ * acknowledged, so their order is the submitters' concern).  Every
  * connection goes to the same server, so a loss of one is taken as the
  * server's restart; replaying into a server that kept everything rewrites
  * the same bytes in the same order, harmless.  The log is bounded
