@@ -54,8 +54,9 @@ for c in serve mount vhost; do
     refused $c "--l2-cache-size 1k: expected a size of at least 64K" --l2-cache-size 1k ${ARGS[$c]}
     refused $c "--log-level loud: expected error, warn, info or debug" --log-level loud ${ARGS[$c]}
     refused $c "-D nodot: expected NAME.FLAG=N" -D nodot ${ARGS[$c]}
+    refused $c "--nbd-replay-limit lots: expected a size (4096, 512K, 64M, ...)" --nbd-replay-limit lots ${ARGS[$c]}
     }
-    n=$((n + 6))
+    n=$((n + 7))
 done
 ok "$n refusals"
 
