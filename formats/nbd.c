@@ -163,7 +163,8 @@ struct nbddev {
   struct replay_entry *rp_next; /* the next entry to send again */
   atomic_int rp_inflight;       /* replayed commands not answered */
   atomic_bool rp_lost;          /* one met a lost connection: start over */
-  uint64_t rp_count;            /* entries sent again in this replay */
+  uint64_t rp_count, rp_bytes;  /* entries sent again in this replay */
+  int64_t rp_t0;                /* ms: when it started */
   /* A loss lost acknowledged writes (bytes past the bound, or a replayed
    * one the server refused): the next flush fails. */
   atomic_bool writes_lost;
@@ -991,8 +992,9 @@ static void replay_done(struct nbddev *d) {
   d->rp_started = false;
   if (d->rp_count)
     log_info("nbd %s: sent %llu acknowledged writes, trims and zeroes "
-             "again after the loss",
-             d->uri, (unsigned long long)d->rp_count);
+             "again after the loss (%llu bytes of data, %lld ms)",
+             d->uri, (unsigned long long)d->rp_count,
+             (unsigned long long)d->rp_bytes, (long long)(now_ms() - d->rp_t0));
   release(op);
 }
 
@@ -1018,7 +1020,8 @@ static void replay_step(struct nbddev *d, bool closing) {
     d->rp_next = d->log.head;
     pthread_mutex_unlock(&d->log.lock);
     d->rp_started = true;
-    d->rp_count = 0;
+    d->rp_count = d->rp_bytes = 0;
+    d->rp_t0 = now_ms();
   }
   struct replay_entry *batch[REPLAY_BATCH];
   unsigned n = 0;
@@ -1026,6 +1029,8 @@ static void replay_step(struct nbddev *d, bool closing) {
   atomic_store(&c->last_read, now_ms()); /* the hang check's clock */
   while (d->rp_next && n < REPLAY_BATCH && !overlaps(batch, n, d->rp_next)) {
     batch[n++] = d->rp_next;
+    if (d->rp_next->cmd == BD_WRITE)
+      d->rp_bytes += d->rp_next->len;
     replay_one(c, d->rp_next);
     d->rp_next = d->rp_next->next;
   }
