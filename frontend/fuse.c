@@ -842,11 +842,15 @@ static int64_t mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A read of the table; EIO is tried again every 0.5 s for table_retry_s,
- * so that one lost request to a remote source does not fail the mount. */
+/* A read of the table; on a source whose EIO may pass (transient_eio)
+ * EIO is tried again every 0.5 s for table_retry_s, so that one lost
+ * request to a remote source does not fail the mount.  A local file's EIO
+ * fails the mount at once. */
 static int read_for_table(void *opaque, uint64_t off, void *buf, size_t len) {
   struct fm *m = opaque;
-  int64_t deadline = mono_ms() + (int64_t)m->cfg.table_retry_s * 1000;
+  int64_t retry_ms =
+      m->bd->caps.transient_eio ? (int64_t)m->cfg.table_retry_s * 1000 : 0;
+  int64_t deadline = mono_ms() + retry_ms;
   for (;;) {
     int r = disk_pread(&m->disk, buf, len, off);
     if (r != -EIO || mono_ms() >= deadline)
