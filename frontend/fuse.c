@@ -25,6 +25,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "disk.h"
+#include "fuse-init.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"
 #include "partition.h"
@@ -54,6 +55,7 @@ struct mfile {
 };
 
 struct fm {
+  struct fuse_init_hook hook; /* first: the session's custom I/O finds it */
   struct disk disk;
   struct bd *bd;
   struct fuse_session *se;
@@ -514,6 +516,10 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
   /* Requests arrive in memory buffers, which a write may keep (see
    * fuse-loop.h); spliced ones would arrive in a pipe. */
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
+  if (m->cfg.direct_io && !atomic_load(&m->hook.offered))
+    log_warn("this kernel cannot map a direct-I/O file shared (no "
+             "FUSE_DIRECT_IO_ALLOW_MMAP, Linux < 6.6): a shared writable "
+             "mmap of the disk fails with ENODEV; --cache page allows it");
   if (m->cfg.live)
     m->cfg.live(m->cfg.opaque);
 }
@@ -1021,6 +1027,10 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     goto fail;
   }
   m->late_fd = keep_fuse_fd_late(fuse_session_fd(m->se));
+  m->hook.want_mmap = m->cfg.direct_io;
+  int r = fih_install(m->se);
+  if (r < 0) /* then the kernel refuses shared mappings of the disk */
+    log_warn("cannot hook the FUSE INIT reply: %s", strerror(-r));
   return m;
 fail:
   fm_free(m);
