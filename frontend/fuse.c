@@ -25,7 +25,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "disk.h"
-#include "fuse-init.h"
+#include "fuse-flags.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"
 #include "partition.h"
@@ -55,7 +55,7 @@ struct mfile {
 };
 
 struct fm {
-  struct fuse_init_hook hook; /* first: the session's custom I/O finds it */
+  struct fuse_flags_hook hook; /* first: the session's custom I/O finds it */
   struct disk disk;
   struct bd *bd;
   struct fuse_session *se;
@@ -595,7 +595,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   fi->direct_io = m->cfg.direct_io;
   fi->keep_cache = !m->cfg.direct_io;
   fi->noflush = 1; /* close does not flush; fsync does */
-  fuse_reply_open(req, fi);
+  fflags_reply_open(req, fi);
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -1028,9 +1028,9 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
   }
   m->late_fd = keep_fuse_fd_late(fuse_session_fd(m->se));
   m->hook.want_mmap = m->cfg.direct_io;
-  int r = fih_install(m->se);
-  if (r < 0) /* then the kernel refuses shared mappings of the disk */
-    log_warn("cannot hook the FUSE INIT reply: %s", strerror(-r));
+  int r = fflags_install(m->se);
+  if (r < 0) /* then shared mappings of the disk are refused */
+    log_warn("cannot hook the FUSE replies: %s", strerror(-r));
   return m;
 fail:
   fm_free(m);

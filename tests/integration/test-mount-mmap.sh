@@ -6,7 +6,7 @@
 # (direct and cached) see it, a direct write afterwards shows in a new
 # mapping, and the image holds it after the unmount (qemu-img compare).
 # --cache none keeps direct I/O and sets FUSE_DIRECT_IO_ALLOW_MMAP in the
-# INIT reply (frontend/fuse-init.c): without it the kernel refuses the
+# INIT reply (frontend/fuse-flags.c): without it the kernel refuses the
 # mapping with ENODEV.
 source "$(dirname "$0")/lib.sh"
 require fusermount3 qemu-img python3
