@@ -92,6 +92,10 @@ struct bd_caps {
   bool can_cache;
   bool can_extents; /* real block status (else: all data, depth 1) */
   bool multi_conn;  /* a flush covers writes from every user of this bd */
+  /* An EIO may be gone on a second try (a remote source reconnecting):
+   * worth retrying where a front end cannot report it (a mount's
+   * partition table).  Off in bd_caps_full(): a local file's EIO stays. */
+  bool transient_eio;
   uint32_t min_block, pref_block, max_block;
 };
 

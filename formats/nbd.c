@@ -1511,6 +1511,7 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
     goto fail;
   }
   set_caps(bd, d, d->conns[0].h, readonly);
+  bd->caps.transient_eio = true; /* lost connections come back */
   d->nconns = conn_count(d, d->conns[0].h, o->nbd_connections);
   connect_rest(d);
   if (pthread_create(&d->thread, NULL, event_loop, d) != 0) {

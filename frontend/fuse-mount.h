@@ -24,7 +24,8 @@ struct fm_config {
   bool partitions;        /* expose NAME-pN files for an MBR or GPT */
   unsigned threads;       /* threads receiving FUSE requests */
   /* How long a partition table read that fails with EIO is tried again
-   * (the source's NBD time-out: a remote server may be reconnecting). */
+   * when the source's caps say EIO may pass (transient_eio): the source's
+   * NBD time-out, as a remote server may be reconnecting. */
   unsigned table_retry_s;
   /* Called once, on a FUSE thread, when the kernel has initialised the
    * mount: from then on it serves. */

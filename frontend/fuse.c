@@ -25,6 +25,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "disk.h"
+#include "fuse-flags.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"
 #include "partition.h"
@@ -54,6 +55,7 @@ struct mfile {
 };
 
 struct fm {
+  struct fuse_flags_hook hook; /* first: the session's custom I/O finds it */
   struct disk disk;
   struct bd *bd;
   struct fuse_session *se;
@@ -514,6 +516,10 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
   /* Requests arrive in memory buffers, which a write may keep (see
    * fuse-loop.h); spliced ones would arrive in a pipe. */
   conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_MOVE);
+  if (m->cfg.direct_io && !atomic_load(&m->hook.offered))
+    log_warn("this kernel cannot map a direct-I/O file shared (no "
+             "FUSE_DIRECT_IO_ALLOW_MMAP, Linux < 6.6): a shared writable "
+             "mmap of the disk fails with ENODEV; --cache page allows it");
   if (m->cfg.live)
     m->cfg.live(m->cfg.opaque);
 }
@@ -589,7 +595,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
   fi->direct_io = m->cfg.direct_io;
   fi->keep_cache = !m->cfg.direct_io;
   fi->noflush = 1; /* close does not flush; fsync does */
-  fuse_reply_open(req, fi);
+  fflags_reply_open(req, fi);
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -842,11 +848,15 @@ static int64_t mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* A read of the table; EIO is tried again every 0.5 s for table_retry_s,
- * so that one lost request to a remote source does not fail the mount. */
+/* A read of the table; on a source whose EIO may pass (transient_eio)
+ * EIO is tried again every 0.5 s for table_retry_s, so that one lost
+ * request to a remote source does not fail the mount.  A local file's EIO
+ * fails the mount at once. */
 static int read_for_table(void *opaque, uint64_t off, void *buf, size_t len) {
   struct fm *m = opaque;
-  int64_t deadline = mono_ms() + (int64_t)m->cfg.table_retry_s * 1000;
+  int64_t retry_ms =
+      m->bd->caps.transient_eio ? (int64_t)m->cfg.table_retry_s * 1000 : 0;
+  int64_t deadline = mono_ms() + retry_ms;
   for (;;) {
     int r = disk_pread(&m->disk, buf, len, off);
     if (r != -EIO || mono_ms() >= deadline)
@@ -1017,6 +1027,10 @@ struct fm *fm_create(struct bd *bd, const struct fm_config *cfg) {
     goto fail;
   }
   m->late_fd = keep_fuse_fd_late(fuse_session_fd(m->se));
+  m->hook.want_mmap = m->cfg.direct_io;
+  int r = fflags_install(m->se);
+  if (r < 0) /* then shared mappings of the disk are refused */
+    log_warn("cannot hook the FUSE replies: %s", strerror(-r));
   return m;
 fail:
   fm_free(m);

@@ -92,3 +92,24 @@ fusermount3 -u "$MNT"
 wait_until 10 _pid_gone "$MOUNT_PID" || fail "mount process still running"
 check_sanitizer_reports mount2.log
 ok "mounted with its partition once the reads worked"
+
+check "a local image's EIO in the partition table fails the mount at once"
+# The retry above is for sources whose EIO may pass; a file's does not.
+cp mbr.raw local.raw
+start=$(date +%s%N)
+BLOCKPORT_FAULTS="op=read,from=0,to=512" "${_env_reset[@]}" "$BLOCKPORT" \
+  mount --foreground --nbd-timeout 10 -f raw local.raw "$MNT" </dev/null \
+  >mount3.log 2>&1 &
+MOUNT_PID=$!
+track_pid $MOUNT_PID
+wait_until 15 _pid_gone "$MOUNT_PID" ||
+  fail "the mount is still running 15 s later: $(tail -3 mount3.log)"
+secs=$((($(date +%s%N) - start) / 1000000))
+is_mounted "$MNT" && fail "mounted despite the failed table read"
+grep -q "reading the partition table.*Input/output error" mount3.log ||
+  fail "no clear message: $(tail -3 mount3.log)"
+grep -q "trying again" mount3.log && fail "a local EIO was retried"
+((secs < 5000)) || fail "the mount took $secs ms to fail (retried?)"
+cmp local.raw mbr.raw || fail "the image changed"
+check_sanitizer_reports mount3.log
+ok "failed in $secs ms: $(grep -m1 'partition table' mount3.log)"
