@@ -20,11 +20,12 @@
  * was reported yet).  While no connection is up, requests wait; one whose
  * source's timeout (bd_open_opts.nbd_timeout) has passed since its
  * submission fails with EIO, after at least one reconnection attempt
- * (GRACE_MS) once lost.  A connection with requests in flight that hears
- * nothing from the server for as long is dropped as lost (a peer gone
- * without closing the socket), and so is one holding a request sent again
- * past its deadline.  The event thread reconnects in the background, every
- * 0.5 s doubling to 4 s (every 0.5 s while requests wait).
+ * (GRACE_MS) once lost; once one has failed so in an outage, a new
+ * request gets only that one attempt.  A connection with requests in
+ * flight that hears nothing from the server for as long is dropped as lost
+ * (a peer gone without closing the socket), and so is one holding a
+ * request sent again past its deadline.  The event thread reconnects in the
+ * background, every 0.5 s doubling to 4 s (every 0.5 s while requests wait).
  *
  * Replay.  A server killed and restarted loses what it had not made
  * durable: acknowledged writes in its cache, a qcow2 image's metadata.  So
@@ -176,6 +177,12 @@ struct nbddev {
    * (one of its connections said ESHUTDOWN), which flushes before it
    * exits: unflushed writes are not counted lost. */
   _Atomic int64_t orderly_until;
+  /* A request failed for the time-out in this outage (no connection up
+   * since): new requests get one reconnection attempt (GRACE_MS), not a
+   * time-out of their own (a FUSE fsync queued behind a failing write
+   * would wait for both).  Cleared when a connection is up, or lost while
+   * none was lost before (a new outage). */
+  atomic_bool gave_up;
   int64_t bad_size; /* event thread: the wrong identity last logged */
 };
 
@@ -288,6 +295,12 @@ static void set_deadline(struct op *op, int64_t now) {
       op->start + t > now + GRACE_MS ? op->start + t : now + GRACE_MS;
 }
 
+/* OP's time is up: it fails, and the outage counts as given up. */
+static void op_timed_out(struct op *op, const char *why) {
+  atomic_store(&op->d->gave_up, true);
+  op_fail(op, -EIO, why);
+}
+
 /* The connection went away with the command in flight. */
 static void op_lost(struct op *op) {
   struct bd_req *req = op->req;
@@ -305,9 +318,8 @@ static void op_lost(struct op *op) {
   int64_t now = now_ms();
   set_deadline(op, now);
   if (op->deadline <= now) {
-    op_fail(op, -EIO,
-            "the connection was lost and no other answered "
-            "within the timeout");
+    op_timed_out(op, "the connection was lost and no other answered "
+                     "within the timeout");
     return;
   }
   dispatch(op);
@@ -335,7 +347,7 @@ static void op_refused_for_shutdown(struct op *op) {
   int64_t now = now_ms();
   set_deadline(op, now);
   if (op->deadline <= now) {
-    op_fail(op, -EIO, "the server shut down and did not return in time");
+    op_timed_out(op, "the server shut down and did not return in time");
     return;
   }
   dispatch(op);
@@ -539,6 +551,8 @@ static int wait_for_conn(struct op *op) {
   } else if (op->nowait)
     why = "not connected to the server";
   else {
+    if (!op->deadline && atomic_load(&d->gave_up))
+      op->deadline = now + GRACE_MS;
     set_deadline(op, now);
     if (op->deadline <= now)
       why = "no connection to the server within the timeout";
@@ -553,6 +567,8 @@ static int wait_for_conn(struct op *op) {
   }
   pthread_mutex_unlock(&d->lock);
   if (why) {
+    if (op->deadline && op->deadline <= now)
+      atomic_store(&d->gave_up, true);
     op_fail(op, -EIO, why);
     return -EIO;
   }
@@ -687,6 +703,14 @@ static void schedule_retry(struct conn *c, int64_t now) {
   c->backoff = c->backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : c->backoff * 2;
 }
 
+/* Whether every connection but C is up (C was the first one lost). */
+static bool all_up_but(struct nbddev *d, struct conn *c) {
+  for (unsigned i = 0; i < d->nconns; i++)
+    if (&d->conns[i] != c && atomic_load(&d->conns[i].state) != C_UP)
+      return false;
+  return true;
+}
+
 /* Swap the handle out under the write lock, so no submitter is using it,
  * and close it: commands still queued in it come back through op_freed. */
 static void drop_handle(struct conn *c) {
@@ -706,6 +730,8 @@ static void conn_lost(struct conn *c, int64_t now, const char *why) {
   if (!closing)
     atomic_store(&d->replay_pending, true);
   d->rp_started = false;
+  if (all_up_but(d, c))
+    atomic_store(&d->gave_up, false); /* a new outage */
   pthread_mutex_unlock(&d->lock);
   uint64_t past = replay_past(&d->log);
   drop_handle(c);
@@ -796,6 +822,7 @@ static void conn_up(struct conn *c) {
   atomic_store(&c->last_read, now_ms());
   pthread_mutex_lock(&d->lock);
   atomic_store(&c->state, C_UP);
+  atomic_store(&d->gave_up, false);
   if (!atomic_load(&d->replay_pending))
     op = take_waiters(d);
   pthread_mutex_unlock(&d->lock);
@@ -1074,9 +1101,10 @@ static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
   while (expired) {
     struct op *op = expired;
     expired = op->next;
-    op_fail(op, -EIO,
-            closing ? "the device is closing"
-                    : "no connection to the server within the timeout");
+    if (closing)
+      op_fail(op, -EIO, "the device is closing");
+    else
+      op_timed_out(op, "no connection to the server within the timeout");
   }
   /* Requests are waiting: retry a lost server often. */
   if (waiting)

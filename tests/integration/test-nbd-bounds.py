@@ -11,8 +11,10 @@ vhost-user simulator of test-vhost.py), does a read, write and flush that
 succeed, then stops the backend (SIGSTOP) or kills it (SIGKILL) and makes
 a read, a write and a flush at once, twice: with the connections still
 believed up, then with them known lost and the server still away.  Every
-request must fail, within BOUND + MARGIN seconds of being made; against a
-stopped server, not before TMO - 0.5 s either (the time-out runs).
+request must fail, within BOUND + MARGIN seconds of being made; in the
+first round against a stopped server, not before TMO - 0.5 s either (the
+time-out runs).  In the second the server has been away for the time-out
+already, so a new request gets only one reconnection attempt.
 
 Run:  BLOCKPORT=/path/to/blockport /usr/bin/python3 test-nbd-bounds.py [CASE...]
 """
@@ -107,7 +109,7 @@ def judge(how, rnd, results):
         check(secs <= BOUND + MARGIN,
               "%s (%s, round %d) failed after %.2f s: bound %.1f + %.1f s"
               % (op, how, rnd, secs, BOUND, MARGIN))
-        if how == "stopped":
+        if how == "stopped" and rnd == 1:
             check(secs >= EARLY, "%s (%s, round %d) failed after only "
                   "%.2f s: the time-out is %.1f s" % (op, how, rnd, secs, TMO))
 
@@ -184,9 +186,11 @@ def is_mounted(path):
 # (frontend/fuse-flags.c), else the kernel holds the inode lock across a
 # synchronous O_DIRECT write and the second would wait for the first's
 # time-out.  fsync takes that lock exclusively whatever the flags, so an
-# fsync made during a write to a lost server waits for the write's
-# time-out first (the kernel's wait, not the daemon's): it runs after.
-MOUNT_GROUPS = (("read", "write", "write2"), ("flush",))
+# fsync made during a write to a lost server reaches the daemon only when
+# the write failed, after the time-out: the server has been away that long
+# by then, so the fsync gets one reconnection attempt, not a time-out of
+# its own (formats/nbd.c), and still fails within the bound.
+MOUNT_GROUPS = (("read", "write", "write2", "flush"),)
 
 
 def mount_case(env, how):
