@@ -5,7 +5,8 @@
 # made by qemu-img and by blockport create over nbd+unix:// and nbd://
 # URIs, served by another blockport: reads fall through to the base,
 # copy-on-write writes stay in the overlay, QEMU opening the overlay over
-# the same URI agrees, info and map follow the chain across the network.
+# the same URI agrees, info and map follow the chain across the network;
+# the same over nbds:// (PSK on a socket, X.509 over TCP).
 source "$(dirname "$0")/lib.sh"
 require qemu-io qemu-img
 cd "$T"
@@ -16,8 +17,9 @@ run qemu-io -f raw -c 'write -P 7 0 8M' -c 'write -P 8 12M 4M' golden.raw \
   >/dev/null || fail "fill golden.raw"
 run qemu-img convert -O qcow2 golden.raw golden.qcow2 || fail "golden.qcow2"
 
-# base_up IMAGE [tcp|raw]: IMAGE served read-only on its own socket (or TCP
-# port; or undecoded, as raw); BASE is its URI, BASE_PID its server.
+# base_up IMAGE [tcp|raw|""] [SERVE-ARGS...]: IMAGE served read-only on its
+# own socket (or TCP port; or undecoded, as raw); BASE is its URI, BASE_PID
+# its server.
 base_up() {
   rm -f "$T/base.pid"
   local listen=(--unix "$T/base.sock")
@@ -29,8 +31,8 @@ base_up() {
     listen=(--bind 127.0.0.1 --port "$BASE_PORT")
     BASE="nbd://127.0.0.1:$BASE_PORT"
   fi
-  "$BLOCKPORT" serve --readonly "${listen[@]}" --pid-file "$T/base.pid" "${fmt[@]}" "$1" \
-    2>>"$T/base.log" &
+  "$BLOCKPORT" serve --readonly "${listen[@]}" --pid-file "$T/base.pid" "${fmt[@]}" \
+    "${@:3}" "$1" 2>>"$T/base.log" &
   BASE_PID=$!
   track_pid $BASE_PID
   wait_file 10 "$T/base.pid" $BASE_PID || { cat "$T/base.log"; fail "base server"; }
@@ -63,11 +65,26 @@ overlay_case() {
   run qemu-img compare -f raw -F raw "$URI" expect.raw ||
     fail "export differs after writes"
   stop_server
-  # QEMU opens the overlay, reaching the base over the same URI.
-  run qemu-img compare -F raw ov.qcow2 expect.raw ||
-    fail "QEMU's view of the overlay differs"
-  run qemu-img check ov.qcow2 >/dev/null || fail "qemu-img check"
+  qemu_verify ov.qcow2 expect.raw
   ok "COW kept the rest of each cluster; QEMU agrees"
+}
+
+# qemu_verify IMAGE EXPECT: QEMU opens the overlay, reaching the base over
+# the same URI, and agrees with EXPECT.  QEMU 7.2 knows no nbds:// URI:
+# with TLS (QEMU_BACKING set) it reads a copy of the overlay whose backing
+# name is the same server as QEMU spells it (json:, tls-creds object t0
+# made from QEMU_TLS).
+qemu_verify() {
+  local img=$1 obj=()
+  if [[ -n ${QEMU_BACKING-} ]]; then
+    cp "$1" qview.qcow2
+    img=qview.qcow2
+    obj=(--object "$QEMU_TLS")
+    run qemu-img rebase -u -F raw -b "json:$QEMU_BACKING" $img || fail "rebase"
+  fi
+  run qemu-img compare "${obj[@]}" -F raw $img "$2" ||
+    fail "QEMU's view of the overlay differs"
+  run qemu-img check "${obj[@]}" $img >/dev/null || fail "qemu-img check"
 }
 
 make_qemu() {
@@ -75,6 +92,10 @@ make_qemu() {
 }
 make_blockport() {
   run "$BLOCKPORT" create -f qcow2 -b "$BASE" -F raw ov.qcow2 >/dev/null
+}
+# qemu-img cannot open an nbds:// URI (QEMU 7.2), but writes it unchecked.
+make_qemu_unsafe() {
+  run qemu-img create -f qcow2 -u -F raw -b "$BASE" ov.qcow2 16M >/dev/null
 }
 
 base_up golden.raw
@@ -202,4 +223,54 @@ if command -v nbdkit >/dev/null; then
   ok "one request for 64 unallocated clusters"
 else
   echo "  (skipped: no nbdkit)"
+fi
+
+# ---- nbds:// backing: the golden image served with TLS ----
+if command -v psktool >/dev/null && command -v certtool >/dev/null; then
+  mkdir -p tls/psk tls/ca tls/srv tls/cli tls/other
+  psktool -u alice -p tls/psk/keys.psk >/dev/null
+  printf '%s\n' "cn = test CA" ca cert_signing_key expiration_days=2 >tls/ca.info
+  printf '%s\n' "cn = localhost" "ip_address = 127.0.0.1" tls_www_server \
+    encryption_key signing_key expiration_days=2 >tls/srv.info
+  certtool --generate-privkey --outfile tls/ca/ca-key.pem 2>/dev/null
+  certtool --generate-self-signed --load-privkey tls/ca/ca-key.pem \
+    --template tls/ca.info --outfile tls/ca/ca-cert.pem 2>/dev/null
+  certtool --generate-privkey --outfile tls/srv/server-key.pem 2>/dev/null
+  certtool --generate-certificate --load-privkey tls/srv/server-key.pem \
+    --load-ca-certificate tls/ca/ca-cert.pem --load-ca-privkey tls/ca/ca-key.pem \
+    --template tls/srv.info --outfile tls/srv/server-cert.pem 2>/dev/null
+  cp tls/ca/ca-cert.pem tls/srv/ && cp tls/ca/ca-cert.pem tls/cli/
+  # A CA that did not sign the server's certificate.
+  certtool --generate-privkey --outfile tls/other/ca-key.pem 2>/dev/null
+  certtool --generate-self-signed --load-privkey tls/other/ca-key.pem \
+    --template tls/ca.info --outfile tls/other/ca-cert.pem 2>/dev/null
+
+  base_up golden.raw "" --tls require --tls-psk "$T/tls/psk/keys.psk"
+  BASE="nbds+unix://alice@/?socket=$T/base.sock&tls-psk-file=$T/tls/psk/keys.psk"
+  QEMU_TLS="tls-creds-psk,id=t0,endpoint=client,dir=$T/tls/psk,username=alice"
+  QEMU_BACKING='{"file": {"driver": "nbd", "tls-creds": "t0", "server":
+    {"type": "unix", "path": "'$T/base.sock'"}}}'
+  overlay_case "blockport create over nbds+unix:// (PSK)" make_blockport
+  overlay_case "qemu-img overlay over nbds+unix:// (PSK)" make_qemu_unsafe
+  base_down
+
+  BASE_PORT=
+  base_up golden.raw tcp --tls require --tls-certs "$T/tls/srv"
+  BASE="nbds://127.0.0.1:$BASE_PORT/?tls-certificates=$T/tls/cli"
+  QEMU_TLS="tls-creds-x509,id=t0,endpoint=client,dir=$T/tls/cli"
+  QEMU_BACKING='{"file": {"driver": "nbd", "tls-creds": "t0", "server":
+    {"type": "inet", "host": "127.0.0.1", "port": "'$BASE_PORT'"}}}'
+  overlay_case "blockport create over nbds:// (X.509)" make_blockport
+  check "nbds:// backing whose server the client does not trust: refused"
+  rm -f ov2.qcow2
+  run qemu-img create -f qcow2 -u -F raw \
+    -b "nbds://127.0.0.1:$BASE_PORT/?tls-certificates=$T/tls/other" ov2.qcow2 16M >/dev/null
+  rc=0; timeout 60 "$BLOCKPORT" serve --unix "$T/x.sock" ov2.qcow2 2>err.txt || rc=$?
+  [[ $rc -eq 1 ]] && grep -q "cannot open backing file" err.txt ||
+    { cat err.txt; fail "serve over an untrusted TLS base: exit $rc"; }
+  ok "refused with the reason"
+  base_down
+  unset QEMU_BACKING QEMU_TLS
+else
+  skip_case "nbds:// backing: needs psktool and certtool"
 fi
