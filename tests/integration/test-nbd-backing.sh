@@ -6,7 +6,8 @@
 # URIs, served by another blockport: reads fall through to the base,
 # copy-on-write writes stay in the overlay, QEMU opening the overlay over
 # the same URI agrees, info and map follow the chain across the network;
-# the same over nbds:// (PSK on a socket, X.509 over TCP).
+# the same over nbds:// (PSK on a socket, X.509 over TCP); a reader
+# streaming the overlay sees no error while the base is killed and stopped.
 source "$(dirname "$0")/lib.sh"
 require qemu-io qemu-img
 cd "$T"
@@ -224,6 +225,57 @@ if command -v nbdkit >/dev/null; then
 else
   echo "  (skipped: no nbdkit)"
 fi
+
+check "the base server killed (-9) and stopped (SIGSTOP) under a streaming reader"
+base_up golden.raw
+rm -f ov.qcow2 progress stop
+make_blockport || fail "create the overlay"
+start_server ov.qcow2
+# The reader streams the whole overlay in 1 MiB reads, checks every byte
+# against the golden image, and counts its reads in `progress`.
+"$PY" - "$URI" golden.raw progress stop <<'PYEOF' >reader.log 2>&1 &
+import os, sys, nbd
+uri, golden, progress, stop = sys.argv[1:]
+want = open(golden, "rb").read()
+h = nbd.NBD()
+h.connect_uri(uri)
+n = 0
+while not os.path.exists(stop):
+    for off in range(0, len(want), 1 << 20):
+        if h.pread(1 << 20, off) != want[off:off + (1 << 20)]:
+            sys.exit("wrong data at %d" % off)
+        n += 1
+        with open(progress + ".tmp", "w") as f:
+            f.write("%d\n" % n)
+        os.replace(progress + ".tmp", progress)
+h.shutdown()
+PYEOF
+READER=$!
+track_pid $READER
+reads() { cat progress 2>/dev/null || echo 0; }
+reads_past() { (($(reads) >= $1)); }
+wait_until 60 reads_past 16 || { cat reader.log; fail "the reader did not start"; }
+for round in 1 2; do
+  kill -9 "$BASE_PID"
+  wait "$BASE_PID" 2>/dev/null || true
+  at_kill=$(reads)
+  sleep 1 # the base's downtime, not a wait for a condition
+  during=$(($(reads) - at_kill))
+  ((during <= 1)) || fail "$during reads done while the base was down: not reading it?"
+  base_up golden.raw
+  wait_until 60 reads_past $(($(reads) + 16)) || { cat reader.log; fail "no reads after restart $round"; }
+done
+kill -STOP "$BASE_PID"
+at_stop=$(reads)
+sleep 2 # the base stopped, not a wait for a condition
+(($(reads) - at_stop <= 1)) || fail "reads went on while the base was stopped"
+kill -CONT "$BASE_PID"
+wait_until 60 reads_past $(($(reads) + 16)) || { cat reader.log; fail "no reads after SIGCONT"; }
+touch stop
+wait $READER || { cat reader.log; fail "the reader saw an error"; }
+stop_server
+base_down
+ok "$(reads) reads, all correct, through two kills and a stop of the base"
 
 # ---- nbds:// backing: the golden image served with TLS ----
 if command -v psktool >/dev/null && command -v certtool >/dev/null; then
