@@ -409,16 +409,24 @@ static bool subcluster_writable(const struct qcow2dev *q, uint64_t entry,
   return !(bitmap & EXT_ALL_ALLOCATED); /* else corrupt: the read fails */
 }
 
+/* A write of at most this many bytes that needs both ends of its span
+ * filled reads the span in one go, the written bytes included: one round
+ * trip to a remote backing file instead of two. */
+#define SPAN_ONE_READ_MAX (64 * 1024)
+
 /* Bytes [lo, hi) of guest CLUSTER, the subclusters [in, in+n) touches,
  * with BUF (or zeroes) laid over [in, in+n), into OUT. */
 static int build_span(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                       const uint8_t *buf, uint64_t n, uint32_t lo, uint32_t hi,
                       uint8_t *out) {
   uint64_t base = cluster << q->h.cluster_bits;
+  bool head = lo < in, tail = in + n < hi;
   int r = 0;
-  if (lo < in)
+  if (head && tail && n <= SPAN_ONE_READ_MAX)
+    r = qcow2_read(q, out, hi - lo, base + lo);
+  else if (head)
     r = qcow2_read(q, out, in - lo, base + lo);
-  if (r == 0 && in + n < hi)
+  if (r == 0 && tail && !(head && n <= SPAN_ONE_READ_MAX))
     r = qcow2_read(q, out + (in - lo) + n, hi - in - n, base + in + n);
   if (buf)
     memcpy(out + (in - lo), buf, n);

@@ -220,8 +220,56 @@ if command -v nbdkit >/dev/null; then
   stop_server
   n=$(grep -ac ' Read id=.*count=' k.log)
   [[ $n -eq 1 ]] || fail "$n requests to the base for 4 MiB (64 clusters)"
-  kill "$(cat "$T/k.pid")"
   ok "one request for 64 unallocated clusters"
+
+  check "copy-on-write of a partial cluster reads the base once"
+  # cow_reads IMAGE OFF LEN: write LEN bytes at OFF through a blockport
+  # export of IMAGE (libnbd: exactly that request, no read-modify-write of
+  # the client's own) and set READS to the base reads it caused, as
+  # "offset+count" in hex.
+  cow_reads() {
+    start_server "$1"
+    : >k.log
+    "$PY" - "$URI" "$2" "$3" <<'PYEOF' || fail "write through the export"
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.pwrite(b"\x5a" * int(sys.argv[3]), int(sys.argv[2]))
+h.shutdown()
+PYEOF
+    stop_server
+    READS=$({ grep -a ' Read id=' k.log || true; } | sed 's/.*offset=\(0x[0-9a-f]*\) count=\(0x[0-9a-f]*\).*/\1+\2/' |
+      tr '\n' ' ')
+    READS=${READS% }
+    run qemu-io -f raw -c "write -P 0x5a $2 $3" expect.raw >/dev/null || fail "expected"
+  }
+  cow_case() { # IMAGE OFF LEN WANT WHAT
+    cow_reads "$1" "$2" "$3"
+    [[ $READS == "$4" ]] || fail "$5: base reads '$READS', want '$4'"
+  }
+  cp golden.raw expect.raw
+  qemu-io -f raw -c 'write -P 1 0 4k' expect.raw >/dev/null
+  cow_case ov.qcow2 $((1024 * 1024 + 8192)) 4096 "0x100000+0x10000" \
+    "4 KiB into a 64 KiB cluster"
+  run qemu-img compare -F raw ov.qcow2 expect.raw || fail "overlay content"
+  ok "one read of the whole cluster"
+
+  rm -f ovx.qcow2
+  cp golden.raw expect.raw
+  run "$BLOCKPORT" create -f qcow2 -o extended_l2=on -F raw \
+    -b "nbd+unix:///?socket=$T/k.sock" ovx.qcow2 >/dev/null || fail "create"
+  # 2 KiB subclusters: a write inside one reads its head and tail at once;
+  # one covering whole subclusters reads nothing; one spanning three
+  # partly reads the first and last in one request.
+  cow_case ovx.qcow2 $((2048 * 1024 + 100)) 512 "0x200000+0x800" \
+    "512 bytes inside a subcluster"
+  cow_case ovx.qcow2 $((3072 * 1024 + 8192)) 4096 "" "whole subclusters"
+  cow_case ovx.qcow2 $((4096 * 1024 + 1000)) 4096 "0x400000+0x1800" \
+    "4 KiB across three subclusters"
+  run qemu-img compare -F raw ovx.qcow2 expect.raw || fail "extended L2 overlay content"
+  run qemu-img check ovx.qcow2 >/dev/null || fail "qemu-img check"
+  ok "extended L2: what the subclusters need, in one read"
+  kill "$(cat "$T/k.pid")"
 else
   echo "  (skipped: no nbdkit)"
 fi
