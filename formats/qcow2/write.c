@@ -490,6 +490,20 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return r;
 }
 
+int qcow2_copy_on_read(struct qcow2dev *q, uint64_t cluster,
+                       const uint8_t *data) {
+  pthread_mutex_lock(&q->meta);
+  wait_cluster(q, cluster);
+  uint64_t l2off, entry = 0, bitmap = 0;
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r == 0 && (l2off == 0 || (entry == 0 && bitmap == 0)))
+    r = allocate_write(q, cluster, 0, data, q->csize, entry, bitmap);
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
 /* Write [in, in+n) of guest CLUSTER; BUF NULL writes zeroes. */
 static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                          const uint8_t *buf, uint64_t n) {

@@ -269,6 +269,92 @@ PYEOF
   run qemu-img compare -F raw ovx.qcow2 expect.raw || fail "extended L2 overlay content"
   run qemu-img check ovx.qcow2 >/dev/null || fail "qemu-img check"
   ok "extended L2: what the subclusters need, in one read"
+
+  check "--copy-on-read: what was read from the base is read locally next"
+  # base_reads OFF LEN...: read each range through the export and set READS
+  # to the base reads they caused, as in cow_reads.
+  base_reads() {
+    : >k.log
+    "$PY" - "$URI" "$@" <<'PYEOF' || fail "reads through the export"
+import sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+want = open("golden.raw", "rb").read()
+args = [int(a) for a in sys.argv[2:]]
+for off, n in zip(args[::2], args[1::2]):
+    assert h.pread(n, off) == want[off:off + n], off
+h.shutdown()
+PYEOF
+    READS=$({ grep -a ' Read id=' k.log || true; } | tr -d '\0' |
+      sed 's/.*offset=\(0x[0-9a-f]*\) count=\(0x[0-9a-f]*\).*/\1+\2/' | tr '\n' ' ')
+    READS=${READS% }
+  }
+  rm -f ovc.qcow2
+  run "$BLOCKPORT" create -f qcow2 -F raw -b "nbd+unix:///?socket=$T/k.sock" \
+    ovc.qcow2 >/dev/null || fail "create"
+  start_server --copy-on-read ovc.qcow2
+  # 4 KiB inside a cluster: the whole cluster, once; a read across four
+  # clusters (partly covering the last): one request for all four.
+  base_reads $((1024 * 1024 + 8192)) 4096
+  [[ $READS == "0x100000+0x10000" ]] || fail "first read: base reads '$READS'"
+  base_reads $((1024 * 1024 + 8192)) 4096 $((1024 * 1024)) 65536
+  [[ -z $READS ]] || fail "second read: base reads '$READS'"
+  base_reads $((2048 * 1024 + 1000)) $((3 * 65536 + 100))
+  [[ $READS == "0x200000+0x40000" ]] || fail "read across clusters: base reads '$READS'"
+  base_reads $((2048 * 1024)) $((4 * 65536))
+  [[ -z $READS ]] || fail "read again: base reads '$READS'"
+  stop_server
+  run qemu-img compare -F raw ovc.qcow2 golden.raw || fail "overlay content"
+  run qemu-img check ovc.qcow2 >/dev/null || fail "qemu-img check"
+  qemu-img map --output=json ovc.qcow2 >cmap.json
+  "$PY" - cmap.json <<'PYEOF' || fail "allocation after copy-on-read"
+import json, sys
+local = [(e["start"], e["length"]) for e in json.load(open(sys.argv[1]))
+         if e["depth"] == 0]
+assert local == [(0x100000, 0x10000), (0x200000, 0x40000)], local
+PYEOF
+  # Reads copying clusters while writes land in the same clusters: no
+  # write is overwritten by a copy of the base read before it.
+  rm -f ovs.qcow2
+  run "$BLOCKPORT" create -f qcow2 -F raw -b "nbd+unix:///?socket=$T/k.sock" \
+    ovs.qcow2 >/dev/null || fail "create"
+  start_server --copy-on-read ovs.qcow2
+  "$PY" - "$URI" <<'PYEOF' || fail "reads and writes racing"
+import random, sys, nbd
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+want = bytearray(open("golden.raw", "rb").read())
+rnd = random.Random(18)
+slots = rnd.sample(range(128 * 16), 1024)  # distinct 4 KiB pieces of 8 MiB
+bufs = []
+for i, slot in enumerate(slots):
+    while h.aio_in_flight() >= 64:
+        h.poll(-1)
+    off = slot * 4096
+    cluster = off // 65536 * 65536
+    rb = nbd.Buffer(65536)
+    bufs.append(rb)
+    h.aio_pread(rb, cluster)
+    data = bytes([i % 250 + 1]) * 4096
+    h.aio_pwrite(data, off)
+    want[off:off + 4096] = data
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+h.flush()
+h.shutdown()
+open("race-expect.raw", "wb").write(want)
+PYEOF
+  stop_server
+  run qemu-img compare -F raw ovs.qcow2 race-expect.raw || fail "a write was lost to a copy"
+  run qemu-img check ovs.qcow2 >/dev/null || fail "qemu-img check after the race"
+
+  # Off by default.
+  start_server ovc.qcow2
+  base_reads $((5 * 1024 * 1024)) 4096
+  base_reads $((5 * 1024 * 1024)) 4096
+  [[ $READS == "0x500000+0x1000" ]] || fail "without the option: base reads '$READS'"
+  stop_server
+  ok "one base read per cluster, then none; QEMU agrees"
   kill "$(cat "$T/k.pid")"
 else
   echo "  (skipped: no nbdkit)"
