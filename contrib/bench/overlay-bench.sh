@@ -14,7 +14,9 @@
 #              from the base at first, in place once it is allocated
 #   cow        4k writes 64 KiB apart (rw=write:60k, 16384 writes, not
 #              time based): every one a copy-on-write of a fresh cluster
-# The two servers alternate ROUNDS times; then means and ratios.
+# randread runs a third server too: blockport serve --copy-on-read (each
+# cluster read once from the base, then locally).  The servers alternate
+# ROUNDS times; then means and ratios.
 #
 # usage: contrib/bench/overlay-bench.sh [ROUNDS] [SECONDS] [BLOCKPORT]
 set -euo pipefail
@@ -47,7 +49,7 @@ for w in "${WORKLOADS[@]}"; do
   esac
 done
 
-SERVERS=(blockport qemu-nbd)
+SERVERS=(blockport blockport-cor qemu-nbd)
 declare -A SUM
 for s in "${SERVERS[@]}"; do
   for w in "${WORKLOADS[@]}"; do SUM[$s,$w]=0; done
@@ -59,13 +61,15 @@ one() {
   qemu-img create -q -f qcow2 -F raw -b "$BASE" "$OV"
   case $1 in
     blockport) start_server "$SOCK" "$BP" serve --unix "$SOCK" "$OV" ;;
+    blockport-cor)
+      start_server "$SOCK" "$BP" serve --copy-on-read --unix "$SOCK" "$OV" ;;
     qemu-nbd) start_server "$SOCK" qemu-nbd -k "$SOCK" -f qcow2 -t -e 16 "$OV" ;;
   esac
   fio_run "$W/$2.fio"
   stop_server
   kill -0 "$BASE_PID" || { echo "the base server died" >&2; exit 1; }
   SUM[$1,$2]=$((SUM[$1,$2] + FIO_IOPS))
-  printf 'round %d %-10s %-9s %9s IOPS\n' "$r" "$1" "$2" "$FIO_IOPS"
+  printf 'round %d %-13s %-9s %9s IOPS\n' "$r" "$1" "$2" "$FIO_IOPS"
 }
 
 echo "blockport: $BP ($("$BP" --version)); $(qemu-nbd --version | head -1)"
@@ -75,6 +79,7 @@ for r in $(seq "$ROUNDS"); do
     # Alternate which server goes first, so neither always follows the
     # other's page-cache footprint.
     if ((r % 2)); then order=(blockport qemu-nbd); else order=(qemu-nbd blockport); fi
+    [[ $w == randread ]] && order+=(blockport-cor)
     for s in "${order[@]}"; do one "$s" "$w"; done
   done
 done
@@ -85,3 +90,6 @@ for w in "${WORKLOADS[@]}"; do
   printf '%-10s %12d %12d %s\n' "$w" $((SUM[blockport,$w] / ROUNDS)) \
     $((SUM[qemu-nbd,$w] / ROUNDS)) "$(ratio "${SUM[blockport,$w]}" "${SUM[qemu-nbd,$w]}")"
 done
+printf '%-10s %12d %12s %s (--copy-on-read)\n' randread \
+  $((SUM[blockport-cor,randread] / ROUNDS)) "" \
+  "$(ratio "${SUM[blockport-cor,randread]}" "${SUM[qemu-nbd,randread]}")"
