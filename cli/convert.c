@@ -122,7 +122,7 @@ static bool write_next_diff(struct slot *s) {
   uint64_t a, b;
   if (!next_diff(s, &a, &b))
     return false;
-  const uint8_t *p = s->buf + (a - s->start);
+  uint8_t *p = s->buf + (a - s->start);
   bool zero = all_zero(p, b - a);
   s->phase = WRITING;
   s->pos = b;
@@ -130,7 +130,7 @@ static bool write_next_diff(struct slot *s) {
                            .flags = zero ? 0 : s->cp->write_flags,
                            .offset = a,
                            .length = b - a,
-                           .buf = (uint8_t *)p,
+                           .buf = p,
                            .done = s->req.done};
   bd_submit(s->cp->dst, &s->req);
   return true;
