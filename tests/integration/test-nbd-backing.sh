@@ -153,7 +153,7 @@ base_up golden.raw tcp
 overlay_case "qemu-img overlay over nbd:// (TCP)" make_qemu
 overlay_case "blockport create over nbd:// (TCP)" make_blockport
 
-check "mount of the overlay: reads, a partial-cluster write, QEMU agrees"
+check "mount of the overlay: reads, a partial-cluster write, a discard, QEMU agrees"
 if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; then
   MNT=$T/mnt
   mkdir -p "$MNT"
@@ -172,7 +172,10 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
   dd if=piece of="$MNT/ov" bs=3000 seek=1 conv=notrunc,fsync status=none ||
     fail "write through the mount"
   dd if=piece of=expect.raw bs=3000 seek=1 conv=notrunc status=none
-  cmp "$MNT/ov" expect.raw || fail "mounted overlay after the write"
+  # A discard of a whole cluster of base data: zeroes, not the base.
+  fallocate -p -o 5M -l 64K "$MNT/ov" || fail "punch a hole through the mount"
+  run qemu-io -f raw -c 'write -z 5M 64K' expect.raw >/dev/null || fail "expected"
+  cmp "$MNT/ov" expect.raw || fail "mounted overlay after the write and discard"
   fusermount3 -u "$MNT" || fail "unmount"
   wait $MOUNT_PID || fail "mount exited with $?"
   run qemu-img compare -F raw ov.qcow2 expect.raw || fail "QEMU's view after the mount"
