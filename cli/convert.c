@@ -19,15 +19,18 @@
 #include "formats/formats.h"
 #include "formats/qcow2/create.h"
 
+#include "backing.h"
 #include "cli.h"
 #include "commands.h"
 
 #define CHUNK (2u * 1024 * 1024) /* bytes per request */
 #define SLOTS 16                 /* requests in flight */
 #define WALK (256ull << 20)      /* block status asked per step */
+#define GRAIN (64u * 1024)       /* -B: compared and written per cluster */
 
 static const char convert_usage[] =
-    "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2 SRC DST\n"
+    "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2\n"
+    "                         [-B BACKING [-F FMT]] SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
@@ -39,18 +42,29 @@ static const char convert_usage[] =
     "  -U            read a SRC that another process writes (without it,\n"
     "                such a SRC is refused, as by qemu-img)\n"
     "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n"
+    "  -B BACKING    DST (qcow2) gets BACKING as its backing file (a file\n"
+    "                name relative to DST's directory, or an NBD URI) and\n"
+    "                only the clusters where SRC differs from it\n"
+    "  -F FMT        format of BACKING: raw or qcow2 (default: probed)\n"
     "  --plugin PLUGIN  SRC is an nbdkit plugin (a .so path or a name in\n"
     "                nbdkit's plugin directory) with its KEY=VALUE "
     "parameters\n"
     "DST may not be SRC or a file of its backing chain.  Exit status: 0\n"
     "success, 1 bad usage or failure.\n";
 
-/* One request slot: read from the source, then write to the destination. */
+/* Where a slot is: reading the source, reading what the destination's
+ * backing file holds there (-B), or writing. */
+enum phase { READ_SRC, READ_BASE, WRITING };
+
+/* One request slot: read from the source, then write to the destination.
+ * With -B, read the destination too (its backing file shows through) and
+ * write only the clusters that differ, one run after another. */
 struct slot {
   struct bd_req req; /* first: completions find the slot */
   struct copy *cp;
-  uint8_t *buf;
-  bool writing;
+  uint8_t *buf, *base;
+  enum phase phase;
+  uint64_t start, len, pos; /* the range, and how far -B has written it */
 };
 
 struct copy {
@@ -64,28 +78,98 @@ struct copy {
   uint64_t done, total;
   bool progress;
   uint32_t write_flags; /* BD_F_COMPRESS with -c */
+  bool diff;            /* -B: write only what differs from the backing */
 };
+
+static void add_done(struct copy *cp, uint64_t n) {
+  pthread_mutex_lock(&cp->lock);
+  cp->done += n;
+  pthread_mutex_unlock(&cp->lock);
+}
+
+/* The end of the cluster of POS, or END. */
+static uint64_t grain_end(uint64_t pos, uint64_t end) {
+  uint64_t e = (pos / GRAIN + 1) * GRAIN;
+  return e < end ? e : end;
+}
+
+static bool same_at(const struct slot *s, uint64_t a, uint64_t b) {
+  return !memcmp(s->buf + (a - s->start), s->base + (a - s->start), b - a);
+}
+
+/* With -B: the next run of clusters from S->pos on where the source and
+ * the backing file differ, as [*A, *B); false when there is none. */
+static bool next_diff(const struct slot *s, uint64_t *a, uint64_t *b) {
+  uint64_t pos = s->pos, end = s->start + s->len;
+  while (pos < end && same_at(s, pos, grain_end(pos, end)))
+    pos = grain_end(pos, end);
+  if (pos == end)
+    return false;
+  *a = pos;
+  while (pos < end && !same_at(s, pos, grain_end(pos, end)))
+    pos = grain_end(pos, end);
+  *b = pos;
+  return true;
+}
+
+static bool all_zero(const uint8_t *p, uint64_t n) {
+  return p[0] == 0 && !memcmp(p, p + 1, n - 1);
+}
+
+/* With -B: write the next differing run of S (zeroes as a zero write, so
+ * that qcow2 marks whole clusters zero).  False when S is done. */
+static bool write_next_diff(struct slot *s) {
+  uint64_t a, b;
+  if (!next_diff(s, &a, &b))
+    return false;
+  uint8_t *p = s->buf + (a - s->start);
+  bool zero = all_zero(p, b - a);
+  s->phase = WRITING;
+  s->pos = b;
+  s->req = (struct bd_req){.cmd = zero ? BD_ZERO : BD_WRITE,
+                           .flags = zero ? 0 : s->cp->write_flags,
+                           .offset = a,
+                           .length = b - a,
+                           .buf = p,
+                           .done = s->req.done};
+  bd_submit(s->cp->dst, &s->req);
+  return true;
+}
+
+static const char *phase_name(enum phase p) {
+  return p == READ_SRC    ? "read"
+         : p == READ_BASE ? "read of the backing file"
+                          : "write";
+}
 
 static void slot_done(struct bd_req *req, int err) {
   struct slot *s = (struct slot *)req;
   struct copy *cp = s->cp;
-  if (err == 0 && !s->writing) {
+  if (err == 0 && s->phase == READ_SRC && cp->diff) {
+    /* The destination reads as its backing file: what is there now. */
+    s->phase = READ_BASE;
+    s->req.buf = s->base;
+    bd_submit(cp->dst, &s->req);
+    return;
+  }
+  if (err == 0 && s->phase == READ_SRC) {
     /* The data is in: the same buffer goes out to the destination. */
-    s->writing = true;
+    s->phase = WRITING;
     s->req.cmd = BD_WRITE;
     s->req.flags = cp->write_flags;
     bd_submit(cp->dst, &s->req);
     return;
   }
+  if (err == 0 && cp->diff && write_next_diff(s))
+    return;
   pthread_mutex_lock(&cp->lock);
   if (err < 0 && cp->err == 0) {
     cp->err = err;
-    cli_error("convert", NULL, "%s at offset %llu: %s",
-              s->writing ? "write" : "read", (unsigned long long)req->offset,
-              bd_errmsg());
+    cli_error("convert", NULL, "%s at offset %llu: %s", phase_name(s->phase),
+              (unsigned long long)req->offset, bd_errmsg());
   }
   if (err == 0)
-    cp->done += req->length;
+    cp->done += s->len;
   cp->free[cp->nfree++] = s;
   pthread_cond_signal(&cp->cond);
   pthread_mutex_unlock(&cp->lock);
@@ -108,8 +192,12 @@ static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
     pthread_mutex_unlock(&cp->lock);
     if (err)
       return err;
-    uint64_t n = len < CHUNK ? len : CHUNK;
-    s->writing = false;
+    /* Pieces end on CHUNK boundaries: clusters are written whole. */
+    uint64_t n = CHUNK - off % CHUNK;
+    n = len < n ? len : n;
+    s->phase = READ_SRC;
+    s->start = s->pos = off;
+    s->len = n;
     s->req = (struct bd_req){.cmd = BD_READ,
                              .offset = off,
                              .length = n,
@@ -122,8 +210,36 @@ static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
   return 0;
 }
 
+/* With -B, where the source reads as zeroes: copy the parts where the
+ * destination (its backing file) does not. */
+static int copy_zero_range(struct copy *cp, uint64_t off, uint64_t len) {
+  struct bd_extents ext;
+  bd_extents_init(&ext, off, 256);
+  int r = 0;
+  while (r == 0 && len > 0) {
+    bd_extents_reset(&ext, off, 256);
+    struct bd_req bs = {
+        .cmd = BD_BLOCK_STATUS, .offset = off, .length = len, .extents = &ext};
+    r = bd_run(cp->dst, &bs);
+    if (r == 0 && ext.n == 0)
+      r = -EIO;
+    for (size_t i = 0; r == 0 && i < ext.n && len > 0; i++) {
+      uint64_t n = ext.v[i].length < len ? ext.v[i].length : len;
+      if (ext.v[i].flags & BD_EXT_ZERO)
+        add_done(cp, n);
+      else
+        r = copy_range(cp, off, n);
+      off += n;
+      len -= n;
+    }
+  }
+  bd_extents_free(&ext);
+  return r;
+}
+
 /* Walk the source's block status; copy what does not read as zeroes (the
- * new destination reads as zeroes everywhere already). */
+ * new destination reads as zeroes everywhere already, or with -B as its
+ * backing file: then zero ranges are compared too). */
 static int copy_all(struct copy *cp) {
   struct bd_extents ext;
   bd_extents_init(&ext, 0, 1024);
@@ -139,10 +255,10 @@ static int copy_all(struct copy *cp) {
       r = -EIO;
     for (size_t i = 0; r == 0 && i < ext.n && off < size; i++) {
       uint64_t n = ext.v[i].length < size - off ? ext.v[i].length : size - off;
-      if (ext.v[i].flags & BD_EXT_ZERO) {
-        pthread_mutex_lock(&cp->lock);
-        cp->done += n;
-        pthread_mutex_unlock(&cp->lock);
+      if ((ext.v[i].flags & BD_EXT_ZERO) && cp->diff) {
+        r = copy_zero_range(cp, off, n);
+      } else if (ext.v[i].flags & BD_EXT_ZERO) {
+        add_done(cp, n);
       } else {
         r = copy_range(cp, off, n);
       }
@@ -186,9 +302,16 @@ static bool is_open_here(const char *path) {
   return found;
 }
 
+/* What DST is made of: its format, and with -B its backing file. */
+struct dst_opts {
+  const char *fmt, *backing, *backing_fmt;
+};
+
 /* Truncate and lay out DST, holding its write lock from before the
  * truncation: a busy image is refused, never emptied. */
-static int create_dst(const char *path, const char *fmt, uint64_t size) {
+static int create_dst(const char *path, const struct dst_opts *d,
+                      uint64_t size) {
+  const char *fmt = d->fmt;
   if (is_open_here(path)) {
     cli_error("convert", path,
               "the output is the input, or a file of its backing chain");
@@ -215,8 +338,12 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
     if (ftruncate(fd, (off_t)size) < 0)
       snprintf(err, sizeof err, "%s", strerror(errno)), r = -1;
   } else {
-    struct qcow2_create_opts o = {
-        .size = size, .version = 3, .cluster_bits = 16, .refcount_order = 4};
+    struct qcow2_create_opts o = {.size = size,
+                                  .version = 3,
+                                  .cluster_bits = 16,
+                                  .refcount_order = 4,
+                                  .backing_file = d->backing,
+                                  .backing_fmt = d->backing_fmt};
     struct qcow2_layout l;
     r = qcow2_create_layout(&o, &l);
     if (r == 0)
@@ -230,10 +357,26 @@ static int create_dst(const char *path, const char *fmt, uint64_t size) {
   return r < 0 ? -1 : 0;
 }
 
+/* With -B: open the backing file as DST will (its format found, checked
+ * as the image will check it), so that a bad one is refused before DST
+ * is touched, and DST naming it is caught as DST naming the source. */
+static struct bd *open_dst_backing(const char *dst_path, struct dst_opts *d) {
+  char *path = NULL;
+  struct bd *b = cli_open_backing(dst_path, d->backing, &d->backing_fmt, &path);
+  if (!b)
+    cli_error("convert", NULL, "cannot open backing file %s: %s",
+              path ? path : d->backing, bd_errmsg());
+  free(path);
+  return b;
+}
+
 static int convert(const char *src_path, const char *sfmt, const char *dst_path,
-                   const char *ofmt, bool progress, bool compress, bool share) {
+                   struct dst_opts *d, bool progress, bool compress,
+                   bool share) {
+  const char *ofmt = d->fmt;
   struct copy cp = {.progress = progress && isatty(2),
-                    .write_flags = compress ? BD_F_COMPRESS : 0};
+                    .write_flags = compress ? BD_F_COMPRESS : 0,
+                    .diff = d->backing != NULL};
   cp.src =
       bd_open_flags(src_path, sfmt, share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
   if (!cp.src) {
@@ -241,6 +384,9 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
     return 1;
   }
   int ret = 1;
+  struct bd *backing = d->backing ? open_dst_backing(dst_path, d) : NULL;
+  if (d->backing && !backing)
+    goto out;
   uint64_t size = cp.src->size;
   if (!strcmp(ofmt, "qcow2") && size % 512) {
     cli_error("convert", NULL,
@@ -249,7 +395,11 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
               src_path, (unsigned long long)size);
     goto out;
   }
-  if (create_dst(dst_path, ofmt, size) < 0)
+  int made = create_dst(dst_path, d, size);
+  if (backing)
+    bd_close(backing); /* DST opens its own */
+  backing = NULL;
+  if (made < 0)
     goto out;
   cp.dst = bd_open(dst_path, ofmt, false);
   if (!cp.dst) {
@@ -262,7 +412,8 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
   for (unsigned i = 0; i < SLOTS; i++) {
     cp.slots[i].cp = &cp;
     cp.slots[i].buf = malloc(CHUNK);
-    if (!cp.slots[i].buf)
+    cp.slots[i].base = cp.diff ? malloc(CHUNK) : NULL;
+    if (!cp.slots[i].buf || (cp.diff && !cp.slots[i].base))
       cp.err = -ENOMEM;
     cp.free[cp.nfree++] = &cp.slots[i];
   }
@@ -271,11 +422,15 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
     r = bd_flush(cp.dst);
   if (r == 0)
     ret = 0;
-  for (unsigned i = 0; i < SLOTS; i++)
+  for (unsigned i = 0; i < SLOTS; i++) {
     free(cp.slots[i].buf);
+    free(cp.slots[i].base);
+  }
   pthread_cond_destroy(&cp.cond);
   pthread_mutex_destroy(&cp.lock);
 out:
+  if (backing)
+    bd_close(backing);
   if (cp.dst && bd_close(cp.dst) < 0)
     ret = 1;
   bd_close(cp.src);
@@ -289,9 +444,10 @@ int convert_main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   const char *sfmt = NULL, *ofmt = NULL, *plugin = NULL;
+  struct dst_opts d = {0};
   bool progress = false, compress = false, share = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcUf:O:h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "pcUf:O:B:F:h", longopts, NULL)) != -1) {
     switch (ch) {
     case 'U': share = true; break;
     case 'G': plugin = optarg; break;
@@ -299,6 +455,8 @@ int convert_main(int argc, char **argv) {
     case 'c': compress = true; break;
     case 'f': sfmt = optarg; break;
     case 'O': ofmt = optarg; break;
+    case 'B': d.backing = optarg; break;
+    case 'F': d.backing_fmt = optarg; break;
     case 'h': fputs(convert_usage, stdout); return 0;
     default: fputs(convert_usage, stderr); return 1;
     }
@@ -313,11 +471,19 @@ int convert_main(int argc, char **argv) {
     free(spec);
     return 1;
   }
-  if (compress && strcmp(ofmt, "qcow2") != 0) {
-    cli_error("convert", NULL, "-c needs -O qcow2");
+  const char *why = compress && strcmp(ofmt, "qcow2")    ? "-c needs -O qcow2"
+                    : d.backing && strcmp(ofmt, "qcow2") ? "-B needs -O qcow2"
+                    : d.backing_fmt && !d.backing        ? "-F needs -B"
+                    : d.backing_fmt && strcmp(d.backing_fmt, "raw") &&
+                            strcmp(d.backing_fmt, "qcow2")
+                        ? "-F takes raw or qcow2"
+                        : NULL;
+  if (why) {
+    cli_error("convert", NULL, "%s", why);
     free(spec);
     return 1;
   }
+  d.fmt = ofmt;
   /* Four workers: more only contend for the destination file's inode
    * lock (buffered writes to one file serialise in the kernel); reads from
    * the page cache do not need them. */
@@ -325,7 +491,7 @@ int convert_main(int argc, char **argv) {
     free(spec);
     return 1;
   }
-  int r = convert(spec ? spec : argv[optind], sfmt, argv[argc - 1], ofmt,
+  int r = convert(spec ? spec : argv[optind], sfmt, argv[argc - 1], &d,
                   progress, compress, share);
   bd_pool_stop();
   free(spec);

@@ -16,6 +16,7 @@
 #include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
 
+#include "backing.h"
 #include "cli.h"
 #include "commands.h"
 
@@ -282,18 +283,11 @@ static int check_backing(struct create_args *a) {
     }
     return 0;
   }
-  bool source = bd_spec_is_backing_source(path);
-  if (!a->backing_fmt && !source)
-    a->backing_fmt = bd_probe_format(path);
-  struct bd *b = bd_open(path, source ? NULL : a->backing_fmt, true);
-  if (b && source &&
-      !(a->backing_fmt = qcow2_source_backing_format(b, a->backing_fmt))) {
-    bd_close(b);
-    b = NULL;
-  }
+  free(path);
+  struct bd *b = cli_open_backing(a->file, a->backing, &a->backing_fmt, &path);
   if (!b) {
-    fprintf(stderr, "blockport create: cannot open backing file %s: %s\n", path,
-            bd_errmsg());
+    fprintf(stderr, "blockport create: cannot open backing file %s: %s\n",
+            path ? path : a->backing, bd_errmsg());
     free(path);
     return -1;
   }

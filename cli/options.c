@@ -21,6 +21,7 @@ enum {
   ID_NBD_REPLAY_LIMIT,
   ID_LOG_LEVEL,
   ID_SYSLOG,
+  ID_COPY_ON_READ,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -52,6 +53,9 @@ static const struct shared_opt table[] = {
     {CO_L2_CACHE, ID_L2_CACHE, "l2-cache-size", "SIZE", 0, 0,
      "qcow2 L2 cache per image, at least 64K (default\n"
      "32M: maps 256G of 64k clusters)"},
+    {CO_L2_CACHE, ID_COPY_ON_READ, "copy-on-read", NULL, 0, 0,
+     "a writable qcow2 image keeps what it reads from\n"
+     "its backing file: later reads stay local (off)"},
     {CO_NBD, ID_NBD_CONNECTIONS, "nbd-connections", "N", 0, 16,
      "connections to each NBD source, 0-16 (default 0:\n"
      "4 when its server allows multi-conn, else 1)"},
@@ -191,6 +195,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_PLUGIN: c->plugin = arg; return 1;
   case 'D': return debug_flag(c, t, arg);
   case ID_L2_CACHE: return l2_cache(c, t, arg);
+  case ID_COPY_ON_READ: c->open.flags |= BD_OPEN_COPY_ON_READ; return 1;
   case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
   case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);
   case ID_NBD_REPLAY_LIMIT: return replay_limit(c, t, arg);

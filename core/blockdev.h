@@ -238,6 +238,10 @@ enum {
   /* The format was guessed by probing: a writable raw image then refuses
    * writes that would make the next probe find another format. */
   BD_OPEN_PROBED = 1u << 2,
+  /* qcow2 opened for writing with a backing file: a read of clusters the
+   * image does not hold copies them whole into the image (QEMU's
+   * copy-on-read), so the next read of them stays local. */
+  BD_OPEN_COPY_ON_READ = 1u << 3,
 };
 
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or

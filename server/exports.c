@@ -176,8 +176,9 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   if (b->open)
     oo = *b->open;
   oo.format = fmt;
-  oo.flags =
-      (rw ? 0 : BD_OPEN_READONLY) | (b->o->share && !rw ? BD_OPEN_SHARE : 0);
+  oo.flags = (rw ? 0 : BD_OPEN_READONLY) |
+             (b->o->share && !rw ? BD_OPEN_SHARE : 0) |
+             (oo.flags & BD_OPEN_COPY_ON_READ);
   d->bd = bd_open_with(c->path, &oo);
   d->key = strdup(b->keys[i]);
   d->spec = strdup(c->path);

@@ -35,6 +35,7 @@ struct qcow2dev {
   bool writable;
   bool for_check; /* opened by check.c: malformed entries are its to judge */
   bool broken;    /* metadata state unknown after a failed update: no writes */
+  bool cor;       /* BD_OPEN_COPY_ON_READ, writable, with a backing file */
   /* Metadata guard (guard.c): the overlap map of a writable image, and
    * whether a write on metadata was refused (atomic; then no writes). */
   struct qcow2_ol *ol;
@@ -110,6 +111,18 @@ void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
  * overlap map, corrupt images accepted). */
 struct bd *qcow2_open_check(const char *path, unsigned flags);
 int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
+/* copy-on-read.c: qcow2_read(), and clusters read from the backing file
+ * copied into the image. */
+int qcow2_read_copying(struct qcow2dev *q, uint8_t *buf, uint64_t len,
+                       uint64_t off);
+/* write.c: DATA, the whole of guest CLUSTER as read from the backing file,
+ * written into the image if the cluster still shows the backing file (a
+ * write since the read has newer data).  0 or -errno. */
+int qcow2_copy_on_read(struct qcow2dev *q, uint64_t cluster,
+                       const uint8_t *data);
+/* Whether guest CLUSTER shows the backing file: no data, zero flag or
+ * subcluster of this image's (a lookup). */
+bool qcow2_cluster_unallocated(struct qcow2dev *q, uint64_t cluster);
 /* The L2 entry of guest CLUSTER: *L2OFF is 0 if there is no L2 table. */
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                  uint64_t *entry, uint64_t *bitmap);

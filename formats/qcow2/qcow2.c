@@ -324,7 +324,16 @@ int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
 }
 
 static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
-  return qcow2_read(bd->priv, buf, len, off);
+  struct qcow2dev *q = bd->priv;
+  return q->cor ? qcow2_read_copying(q, buf, len, off)
+                : qcow2_read(q, buf, len, off);
+}
+
+bool qcow2_cluster_unallocated(struct qcow2dev *q, uint64_t cluster) {
+  uint64_t l2off, entry = 0, bitmap = 0;
+  if (qcow2_lookup(q, cluster, &l2off, &entry, &bitmap) < 0)
+    return false;
+  return l2off == 0 || (entry == 0 && bitmap == 0);
 }
 
 /* A read whose L2 slices are cached and whose data is in the page cache
@@ -706,6 +715,8 @@ static struct bd *qcow2_open_chain(const char *path,
     return NULL;
   }
   bd->priv = q;
+  q->cor = (flags & BD_OPEN_COPY_ON_READ) && q->writable && q->backing &&
+           !q->g.data_file;
   bd->size = q->h.size;
   bd->exec = BD_EXEC_POOL;
   bd->caps.readonly = readonly || for_check;
