@@ -1116,6 +1116,28 @@ static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
 
 /* A connection with requests in flight that heard nothing for the
  * timeout is dropped: its server is gone or stuck. */
+static void hang_up(struct conn *c) {
+  int fd = nbd_aio_get_fd(c->h);
+  if (fd >= 0)
+    shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */
+}
+
+/* C was dropped as hung: so is every other connection up that has heard
+ * nothing from the server since C last did (the same server, stopped):
+ * an idle one would otherwise take the next request and only start its
+ * own time-out then. */
+static void hang_up_silent(struct conn *c, int64_t since) {
+  struct nbddev *d = c->d;
+  for (unsigned i = 0; i < d->nconns; i++) {
+    struct conn *o = &d->conns[i];
+    if (o == c || atomic_load(&o->state) != C_UP ||
+        atomic_load(&o->last_read) > since)
+      continue;
+    log_warn("nbd %s: connection %u: silent too; dropping it", d->uri, o->idx);
+    hang_up(o);
+  }
+}
+
 static void check_hung(struct conn *c, int64_t now, int64_t *next) {
   int64_t t = c->d->timeout_ms;
   if (!t || atomic_load(&c->inflight) == 0)
@@ -1128,16 +1150,14 @@ static void check_hung(struct conn *c, int64_t now, int64_t *next) {
     log_warn("nbd %s: connection %u: no reply to a request sent again "
              "within its time-out; dropping it",
              c->d->uri, c->idx);
-    int fd = nbd_aio_get_fd(c->h);
-    if (fd >= 0)
-      shutdown(fd, SHUT_RDWR);
+    hang_up(c);
+    hang_up_silent(c, since);
     *next = now;
   } else if (now - since >= t) {
     log_warn("nbd %s: connection %u: no reply for %lld s; dropping it",
              c->d->uri, c->idx, (long long)t / 1000);
-    int fd = nbd_aio_get_fd(c->h);
-    if (fd >= 0)
-      shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */
+    hang_up(c);
+    hang_up_silent(c, since);
     *next = now;
   } else {
     if (since + t < *next)
