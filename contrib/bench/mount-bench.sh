@@ -38,6 +38,10 @@ bench_cleanup_hook() {
 }
 RAW=$W/disk.raw
 random_disk "$RAW" 1024
+# The file rows mount a copy: the server below holds the image's write
+# lock, which refuses a second writer of the same file (as QEMU's does).
+RAWF=$W/file.raw
+cp "$RAW" "$RAWF"
 SOCK=$W/s.sock
 URI="nbd+unix:///?socket=$SOCK"
 "$BP" serve --unix "$SOCK" "$RAW" 2>"$W/server.log" &
@@ -69,7 +73,7 @@ mount_as() {
   case $1 in
     blockport-nbd|blockport-file)
       MNT=$W/bp; mkdir -p "$MNT"
-      local src=$URI; [ "$1" = blockport-file ] && src=$RAW
+      local src=$URI; [ "$1" = blockport-file ] && src=$RAWF
       # shellcheck disable=SC2086
       "$BP" mount ${BP_MOUNT_OPTS:-} --name disk --log-file "$W/bp.log" \
         -P "$W/bp.pid" "$src" "$MNT"
@@ -82,7 +86,7 @@ mount_as() {
     qsd-nbd|qsd-file)
       MNT=$W/q.img; : >"$MNT"
       local dev=(--blockdev "driver=nbd,node-name=d0,server.type=unix,server.path=$SOCK")
-      [ "$1" = qsd-file ] && dev=(--blockdev "driver=file,node-name=f0,filename=$RAW,aio=threads"
+      [ "$1" = qsd-file ] && dev=(--blockdev "driver=file,node-name=f0,filename=$RAWF,aio=threads"
                                   --blockdev "driver=raw,node-name=d0,file=f0")
       qemu-storage-daemon "${dev[@]}" --daemonize --pidfile "$W/qsd.pid" \
         --export "type=fuse,id=e0,node-name=d0,mountpoint=$MNT,writable=on" \
