@@ -24,8 +24,10 @@
  * request gets only that one attempt.  A connection with requests in
  * flight that hears nothing from the server for as long is dropped as lost
  * (a peer gone without closing the socket), and so is one holding a
- * request sent again past its deadline.  The event thread reconnects in the
- * background, every 0.5 s doubling to 4 s (every 0.5 s while requests wait).
+ * request sent again past its deadline; with it go the idle connections
+ * that have not heard from the server since (hang_up_silent()).  The event
+ * thread reconnects in the background, every 0.5 s doubling to 4 s (every
+ * 0.5 s while requests wait).
  *
  * Replay.  A server killed and restarted loses what it had not made
  * durable: acknowledged writes in its cache, a qcow2 image's metadata.  So
