@@ -282,17 +282,7 @@ CASES = [(n[5:], f) for n, f in sorted(globals().items())
 
 
 def run_case(fn):
-    env = Env()
-    try:
-        fn(env)
-    except Exception as e:
-        e.details = []
-        for p in env.procs:
-            e.details.append("--- log of %s" % " ".join(p.args[:2]))
-            e.details += env.log(p).splitlines()
-        raise
-    finally:
-        env.cleanup()
+    return tv.run_case(fn, Env)
 
 
 def main():

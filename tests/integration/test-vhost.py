@@ -375,8 +375,9 @@ CASES = [(n[5:], f) for n, f in sorted(globals().items())
          if n.startswith("case_")]
 
 
-def run_case(fn):
-    env = Env()
+def run_case(fn, make_env=None):
+    """Run case FN in a fresh environment (MAKE_ENV(), default Env())."""
+    env = (make_env or Env)()
     try:
         fn(env)
     except Exception as e:
