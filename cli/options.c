@@ -22,6 +22,8 @@ enum {
   ID_LOG_LEVEL,
   ID_SYSLOG,
   ID_COPY_ON_READ,
+  ID_RBD_TIMEOUT,
+  ID_RBD_LOCK,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -68,6 +70,14 @@ static const struct shared_opt table[] = {
      "acknowledged writes kept until a flush, sent\n"
      "again to an NBD server that restarted (default\n"
      "64M; 0: none); past it a loss fails the next flush"},
+    {CO_RBD, ID_RBD_TIMEOUT, "rbd-timeout", "SECONDS", 0, 86400,
+     "a Ceph monitor or OSD operation of an RBD source\n"
+     "that takes longer fails with EIO, 0-86400\n"
+     "(default 30; 0: forever)"},
+    {CO_RBD, ID_RBD_LOCK, "rbd-lock", "MODE", 0, 0,
+     "a writable RBD image held by another writer:\n"
+     "fail (default), wait for it, or none (take no\n"
+     "lock; writers pass it back and forth, as QEMU)"},
     {CO_NBD_OLD, 'C', "connections", "N", 0, 16,
      "the same as --nbd-connections"},
     {CO_NBD_OLD, ID_NBD_TIMEOUT, "timeout", "SECONDS", 0, 86400,
@@ -174,6 +184,19 @@ static int replay_limit(struct cli_common *c, const struct shared_opt *t,
   return 1;
 }
 
+static int rbd_lock(struct cli_common *c, const struct shared_opt *t,
+                    const char *arg) {
+  static const char *const modes[] = {[BD_RBD_LOCK_FAIL] = "fail",
+                                      [BD_RBD_LOCK_WAIT] = "wait",
+                                      [BD_RBD_LOCK_NONE] = "none"};
+  for (unsigned i = 0; i < sizeof modes / sizeof *modes; i++)
+    if (strcmp(arg, modes[i]) == 0) {
+      c->open.rbd_lock = (enum bd_rbd_lock)i;
+      return 1;
+    }
+  return bad(c, t, arg, "fail, wait or none");
+}
+
 static int logging(struct cli_common *c, const struct shared_opt *t,
                    const char *arg) {
   if (t->val == 'v')
@@ -199,6 +222,8 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
   case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);
   case ID_NBD_REPLAY_LIMIT: return replay_limit(c, t, arg);
+  case ID_RBD_TIMEOUT: return number(c, t, arg, &c->open.rbd_timeout);
+  case ID_RBD_LOCK: return rbd_lock(c, t, arg);
   case 'P': c->pid_file = arg; return 1;
   default: return logging(c, t, arg);
   }

@@ -27,6 +27,7 @@ enum {
   CO_NBD_OLD = 1u << 5,
   CO_LOG = 1u << 6,      /* -v, --log-level LEVEL, --syslog */
   CO_PID_FILE = 1u << 7, /* -P, --pid-file FILE */
+  CO_RBD = 1u << 8,      /* --rbd-timeout SECONDS, --rbd-lock MODE */
 };
 
 #define CLI_MAX_DEBUG_FLAGS 64

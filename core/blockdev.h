@@ -269,6 +269,17 @@ struct bd_open_opts {
    * until a flush covers them, to send them again to a server that
    * restarted (formats/nbd.c); 0 keeps none. */
   uint64_t nbd_replay_limit;
+  /* Seconds an RBD source's cluster operations (monitor, OSD) may take
+   * before failing with EIO; 0 waits forever. */
+  unsigned rbd_timeout;
+  /* What opening an RBD image for writing does when another client holds
+   * its exclusive lock: fail, wait for it, or take no lock at all (as
+   * QEMU: writers then pass the lock back and forth). */
+  enum bd_rbd_lock {
+    BD_RBD_LOCK_FAIL,
+    BD_RBD_LOCK_WAIT,
+    BD_RBD_LOCK_NONE
+  } rbd_lock;
   /* -D NAME.FLAG=N settings for an nbdkit plugin; the strings must outlive
    * the source. */
   const char *const *plugin_debug;
@@ -276,10 +287,12 @@ struct bd_open_opts {
 };
 #define BD_NBD_TIMEOUT_DEFAULT 30
 #define BD_NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
+#define BD_RBD_TIMEOUT_DEFAULT 30
 #define BD_OPEN_OPTS_INIT                                                      \
   {                                                                            \
     .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT,                                     \
-    .nbd_replay_limit = BD_NBD_REPLAY_LIMIT_DEFAULT                            \
+    .nbd_replay_limit = BD_NBD_REPLAY_LIMIT_DEFAULT,                           \
+    .rbd_timeout = BD_RBD_TIMEOUT_DEFAULT                                      \
   }
 /* Opens SPEC as O says (O NULL: the defaults), through the installed
  * formats (below).  NULL with a message in bd_errmsg(). */

@@ -40,6 +40,10 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o);
  * bd_errmsg(); for command lines to refuse a bad one at once. */
 int plugin_check_debug_flag(const char *arg);
 /* O->qcow2_l2_cache: per image of the chain; 0: QCOW2_L2_CACHE_DEFAULT. */
+/* Ceph RBD images, rbd:POOL/IMAGE[@SNAP][:KEY=VALUE]... (rbd-spec.h),
+ * through librbd; O->rbd_timeout and O->rbd_lock as core/blockdev.h
+ * says. */
+struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o);
 struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
 /* 32 MiB maps 256 GiB of 64 KiB clusters. */
 #define QCOW2_L2_CACHE_DEFAULT (32u * 1024 * 1024)

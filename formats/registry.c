@@ -5,6 +5,7 @@
 #include "registry.h"
 
 #include "formats.h"
+#include "rbd-spec.h"
 
 static const struct bd_format null_format = {
     .name = "null",
@@ -27,6 +28,15 @@ static const struct bd_format nbd_format = {
     .backing = true,
 };
 
+/* Not a backing source: an image file naming rbd:...:keyring=... would
+ * reach whatever cluster the host has credentials for. */
+static const struct bd_format rbd_format = {
+    .name = "rbd",
+    .matches = rbd_spec_matches,
+    .usage = "an RBD image: use rbd:POOL/IMAGE[@SNAP]",
+    .open = rbd_source_open,
+};
+
 static const struct bd_format plugin_format = {
     .name = "nbdkit",
     .matches = plugin_is_spec,
@@ -34,6 +44,6 @@ static const struct bd_format plugin_format = {
 };
 
 const struct bd_format *const formats_registry[] = {
-    &null_format, &memory_format, &nbd_format, &plugin_format,
-    &formats_raw, &formats_qcow2, NULL,
+    &null_format,   &memory_format, &nbd_format,    &rbd_format,
+    &plugin_format, &formats_raw,   &formats_qcow2, NULL,
 };
