@@ -20,6 +20,9 @@ PACKAGES=(
   gnutls-bin                              # psktool, certtool: keys for the TLS tests
   systemd                                 # systemd-socket-activate: socket activation tests
   strace                                  # test-config.sh: --check-config opens images read-only
+  librbd-dev librados-dev                 # the rbd: source (link -lrbd -lrados; no .pc file)
+  ceph-mon ceph-osd ceph-common           # contrib/ceph-cluster.sh: a throw-away test cluster
+  qemu-block-extra                        # QEMU's rbd driver, the RBD tests' peer
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -49,6 +49,16 @@
 #   mute_server SOCKET        a Unix socket that accepts and never answers;
 #                             each accepted connection adds a line to
 #                             SOCKET.accepted
+#   ceph_cluster_start [ARGS...]  skip (77) without the Ceph packages;
+#                             start a throw-away cluster in $T/ceph
+#                             (contrib/ceph-cluster.sh start, ARGS passed
+#                             on), stopped on exit; exports CEPH_CONF and
+#                             sets CEPH_DIR, CEPH_POOL
+#   ceph_cluster CMD          contrib/ceph-cluster.sh CMD $CEPH_DIR
+#                             (kill-osd, start-osd, kill-mon, start-mon,
+#                             status, stop)
+#   require_qemu_rbd          skip (77) unless qemu-img has the rbd driver
+#                             (qemu-block-extra)
 #   fio_verify URI            fio (nbd engine): 4 jobs write 8 MiB each of
 #                             4k-64k random blocks 16 MiB apart, iodepth 16,
 #                             and read them back (crc32c); fail on any error
@@ -64,6 +74,8 @@ SOCK=
 PORT=
 URI=
 _TRACKED_PIDS=()
+CEPH_DIR=
+CEPH_POOL=
 declare -A _TRACKED_START=()
 _SOFT_FAILURES=()
 
@@ -284,6 +296,7 @@ _cleanup() {
         printf '  - %s\n' "${_SOFT_FAILURES[@]}" >&2
         rc=1
     fi
+    _ceph_cleanup
     local p
     for p in "${_TRACKED_PIDS[@]}"; do
         if _same_process "$p" "${_TRACKED_START[$p]}"; then
@@ -516,6 +529,41 @@ verify_fatal=1
 EOF
     (cd "$T" && run fio --output="$T/fio.out" "$T/verify.fio") ||
         { cat "$T/fio.out"; fail "fio verify on $1"; }
+}
+
+_CEPH_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../contrib" && pwd)/ceph-cluster.sh
+
+require_qemu_rbd() {
+    require qemu-img
+    qemu-img --help 2>/dev/null | grep -q '^Supported formats:.* rbd' ||
+        skip "qemu-img has no rbd driver (package qemu-block-extra)"
+}
+
+ceph_cluster() {
+    [[ -n $CEPH_DIR ]] || fail "ceph_cluster $1: no cluster started"
+    echo "+ ceph-cluster.sh $1 $CEPH_DIR" >&2
+    "$_CEPH_SCRIPT" "$1" "$CEPH_DIR" "${@:2}"
+}
+
+# The daemons detach from us: cleanup kills them by their pid files.  The
+# directory stays in $T (KEEP_TMP=1 keeps the logs).
+_ceph_cleanup() {
+    [[ -n $CEPH_DIR && -d $CEPH_DIR ]] || return 0
+    "$_CEPH_SCRIPT" stop "$CEPH_DIR" --keep ||
+        echo "cleanup: ceph-cluster.sh stop $CEPH_DIR failed" >&2
+}
+
+ceph_cluster_start() {
+    require ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd
+    [[ -z $CEPH_DIR ]] || fail "ceph_cluster_start: a cluster is already running"
+    CEPH_DIR=$T/ceph
+    echo "+ ceph-cluster.sh start $CEPH_DIR $*" >&2
+    if ! "$_CEPH_SCRIPT" start "$CEPH_DIR" "$@" >"$T/ceph-start.out"; then
+        tail -n 30 "$CEPH_DIR"/log/*.log >&2 2>/dev/null || true
+        fail "could not start a Ceph cluster"
+    fi
+    CEPH_POOL=$(<"$CEPH_DIR/pool")
+    export CEPH_CONF=$CEPH_DIR/ceph.conf
 }
 
 # mute_server SOCKET: a Unix socket that accepts and then says nothing, as
