@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/error.h"
 
@@ -62,6 +63,25 @@ static int open_pool(const struct rbd_spec *s, const char *name,
   return 0;
 }
 
+/* rbd://FSID/...: the cluster reached must be the one the URI names. */
+static int check_fsid(const struct rbd_spec *s, const char *name, rados_t c) {
+  char fsid[64];
+  if (!s->fsid || !*s->fsid)
+    return 0;
+  int r = rados_cluster_fsid(c, fsid, sizeof fsid);
+  if (r < 0) {
+    bd_set_error("rbd %s: cannot read the cluster's fsid: %s", name,
+                 strerror(-r));
+    return r;
+  }
+  if (strcasecmp(fsid, s->fsid) != 0) {
+    bd_set_error("rbd %s: the configuration reaches cluster %s, not %s", name,
+                 fsid, s->fsid);
+    return -ENOENT;
+  }
+  return 0;
+}
+
 int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
                         const char *name, struct rbd_cluster *c) {
   c->io = NULL;
@@ -80,7 +100,8 @@ int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
                                  : strerror(-r));
     goto fail;
   }
-  if ((r = open_pool(s, name, c)) < 0)
+  if ((r = check_fsid(s, name, c->cluster)) < 0 ||
+      (r = open_pool(s, name, c)) < 0)
     goto fail;
   return 0;
 fail:

@@ -34,6 +34,15 @@ static char *next_token(char **p, char delim) {
   return tok;
 }
 
+/* Cuts *P at the first DELIM, no escapes (URIs percent-encode). */
+static char *next_token_plain(char **p, char delim) {
+  char *tok = *p, *c = strchr(tok, delim);
+  if (c)
+    *c = '\0';
+  *p = c ? c + 1 : NULL;
+  return tok;
+}
+
 /* Drops the backslashes that escape a character, in place. */
 static void unescape(char *s) {
   char *out = s;
@@ -103,15 +112,68 @@ static int parse_name(const char *spec, char *p, struct rbd_spec *s) {
   return parse_options(spec, rest, s);
 }
 
+static int hex(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+/* %XX decoding in place; false on a malformed escape or a %00. */
+static bool percent_decode(char *s) {
+  char *out = s;
+  for (; *s; s++) {
+    if (*s == '%') {
+      int hi = hex(s[1]), lo = hi < 0 ? -1 : hex(s[2]);
+      if (lo < 0 || (hi == 0 && lo == 0))
+        return false;
+      *out++ = (char)(hi * 16 + lo);
+      s += 2;
+    } else {
+      *out++ = *s;
+    }
+  }
+  *out = '\0';
+  return true;
+}
+
+/* rbd://FSID/POOL/IMAGE[/SNAP], as Glance stores image locations. */
+static int parse_uri(const char *spec, char *p, struct rbd_spec *s) {
+  char *part[5];
+  int n = 0;
+  while (p && n < 5)
+    part[n++] = next_token_plain(&p, '/');
+  if (n < 3 || n > 4 || p)
+    return bad(spec, "an rbd:// URI is rbd://FSID/POOL/IMAGE[/SNAP]");
+  for (int i = 0; i < n; i++)
+    if (!percent_decode(part[i]))
+      return bad(spec, "a bad %-escape");
+  s->fsid = part[0];
+  s->pool = part[1];
+  s->image = part[2];
+  s->snap = n == 4 ? part[3] : NULL;
+  if (!*s->pool || !*s->image || (s->snap && !*s->snap))
+    return bad(spec, "empty pool, image or snapshot name");
+  if (strchr(s->pool, '/') || strchr(s->image, '/') ||
+      (s->snap && strchr(s->snap, '/')))
+    return bad(spec, "a '/' in a name");
+  return 0;
+}
+
 int rbd_spec_parse(const char *spec, struct rbd_spec *s) {
   memset(s, 0, sizeof *s);
   if (!rbd_spec_matches(spec))
     return bad(spec, "no rbd: prefix");
-  if (!(s->buf = strdup(spec + strlen(RBD_SPEC_PREFIX)))) {
+  bool uri = strncmp(spec, RBD_URI_PREFIX, strlen(RBD_URI_PREFIX)) == 0;
+  size_t skip = strlen(uri ? RBD_URI_PREFIX : RBD_SPEC_PREFIX);
+  if (!(s->buf = strdup(spec + skip))) {
     bd_set_error("out of memory");
     return -ENOMEM;
   }
-  int r = parse_name(spec, s->buf, s);
+  int r = uri ? parse_uri(spec, s->buf, s) : parse_name(spec, s->buf, s);
   if (r < 0)
     rbd_spec_free(s);
   return r;

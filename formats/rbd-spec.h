@@ -6,19 +6,26 @@
  * KEY "conf" names a ceph.conf, "id" the client (user) name without
  * "client."; any other KEY is a Ceph option handed to the cluster handle
  * (keyring, mon_host, rados_osd_op_timeout, ...).  A backslash takes the
- * next character literally (an image name with ':' or '@').  Pure: no
- * librados here, so it is tested and fuzzed alone. */
+ * next character literally (an image name with ':' or '@').
+ *
+ * Also OpenStack Glance's location URIs, rbd://FSID/POOL/IMAGE[/SNAP]
+ * (components percent-encoded; FSID, when not empty, must be the cluster's
+ * fsid; the configuration comes from $CEPH_CONF).
+ *
+ * Pure: no librados here, so it is tested and fuzzed alone. */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 
 #define RBD_SPEC_PREFIX "rbd:"
+#define RBD_URI_PREFIX "rbd://"
 #define RBD_SPEC_MAX_OPTS 32
 
 struct rbd_spec {
   char *pool, *ns, *image, *snap; /* ns and snap NULL when absent */
   char *conf, *id;                /* NULL when absent */
+  char *fsid;                     /* rbd:// only: NULL or "" when absent */
   struct rbd_spec_opt {
     char *key, *value;
   } opts[RBD_SPEC_MAX_OPTS];
@@ -26,7 +33,7 @@ struct rbd_spec {
   char *buf; /* owns every string above */
 };
 
-/* Whether SPEC starts with "rbd:". */
+/* Whether SPEC starts with "rbd:" (which rbd:// does too). */
 bool rbd_spec_matches(const char *spec);
 /* Parses SPEC into S.  Returns 0, or -EINVAL (or -ENOMEM) with a message in
  * bd_errmsg(); S then needs no rbd_spec_free(). */

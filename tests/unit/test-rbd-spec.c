@@ -101,3 +101,29 @@ Test(rbd_spec, matches) {
   cr_expect_not(rbd_spec_matches("rbd"));
   cr_expect_not(rbd_spec_matches("./rbd:p/i"));
 }
+
+Test(rbd_spec, glance_uri) {
+  struct rbd_spec s;
+  cr_assert_eq(rbd_spec_parse("rbd://0a1b-2c/images/ab%3Acd/snap", &s), 0, "%s",
+               bd_errmsg());
+  expect_str(s.fsid, "0a1b-2c");
+  expect_str(s.pool, "images");
+  expect_str(s.image, "ab:cd");
+  expect_str(s.snap, "snap");
+  expect_str(s.ns, NULL);
+  rbd_spec_free(&s);
+  cr_assert_eq(rbd_spec_parse("rbd:///rbd/img", &s), 0, "%s", bd_errmsg());
+  expect_str(s.fsid, "");
+  expect_str(s.snap, NULL);
+  rbd_spec_free(&s);
+}
+
+Test(rbd_spec, glance_uri_malformed_refused) {
+  refused("rbd://fsid/pool", "rbd://FSID/POOL/IMAGE");
+  refused("rbd://fsid/pool/img/snap/x", "rbd://FSID/POOL/IMAGE");
+  refused("rbd://fsid//img", "empty pool");
+  refused("rbd://fsid/pool/img/", "snapshot");
+  refused("rbd://fsid/pool/im%2", "%-escape");
+  refused("rbd://fsid/pool/im%00g", "%-escape");
+  refused("rbd://fsid/pool/a%2Fb", "a '/' in a name");
+}
