@@ -42,6 +42,7 @@ struct rbd_op {
   struct bd_req *req;
   struct rbd_dev *d;
   bool flush_next; /* FUA: a flush follows the write */
+  bool flushing;   /* the write is done: this is the FUA flush */
 };
 
 /* What a front end can report: librbd's timeouts, a lost lock or a
@@ -66,11 +67,17 @@ static const char *cmd_name(enum bd_cmd c) {
 static void finish(struct rbd_op *op, int r) {
   struct bd_req *req = op->req;
   struct rbd_dev *d = op->d;
+  const char *what =
+      op->flushing ? "flush after a FUA write" : cmd_name(req->cmd);
   free(op);
   if (r < 0) {
+    /* For the front end, which logs the message of the completing thread. */
+    bd_set_error("rbd %s: %s at %llu: %s", d->name, what,
+                 (unsigned long long)req->offset,
+                 r == -ETIMEDOUT ? "the cluster did not answer in time"
+                                 : strerror(-r));
     if (!atomic_exchange(&d->failing, true))
-      log_error("rbd %s: %s at %llu failed: %s", d->name, cmd_name(req->cmd),
-                (unsigned long long)req->offset, strerror(-r));
+      log_error("%s", bd_errmsg());
     r = map_error(r);
   } else if (atomic_load_explicit(&d->failing, memory_order_relaxed)) {
     atomic_store(&d->failing, false);
@@ -87,7 +94,7 @@ static void on_done(rbd_completion_t c, void *arg) {
   rbd_aio_release(c);
   if (r >= 0 && op->flush_next) {
     op->flush_next = false;
-    op->req->cmd = BD_FLUSH; /* the write is done; what remains is FUA */
+    op->flushing = true;
     int e = start(op);
     if (e < 0)
       finish(op, e);
@@ -105,7 +112,7 @@ static int start(struct rbd_op *op) {
   int r = rbd_aio_create_completion(op, on_done, &c);
   if (r < 0)
     return r;
-  switch (req->cmd) {
+  switch (op->flushing ? BD_FLUSH : req->cmd) {
   case BD_READ:
     r = rbd_aio_read(img, req->offset, req->length, req->buf, c);
     break;
