@@ -8,7 +8,7 @@
 # convert's result; map as qemu-img map; an RBD export in --config.  Skips (77) only without the Ceph packages or
 # qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
-require qemu-img qemu-io rbd
+require qemu-img qemu-io rbd script
 require_qemu_rbd
 ceph_cluster_start
 CMD_TIMEOUT=90
