@@ -18,6 +18,8 @@
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "formats/qcow2/create.h"
+#include "formats/rbd-admin.h"
+#include "formats/rbd-spec.h"
 
 #include "backing.h"
 #include "cli.h"
@@ -26,16 +28,18 @@
 #define CHUNK (2u * 1024 * 1024) /* bytes per request */
 #define SLOTS 16                 /* requests in flight */
 #define WALK (256ull << 20)      /* block status asked per step */
-#define GRAIN (64u * 1024)       /* -B: compared and written per cluster */
+#define GRAIN (64u * 1024)       /* compared and written per cluster */
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2\n"
     "                         [-B BACKING [-F FMT]] SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
-    "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE)\n"
-    "into a new image DST, skipping ranges that read as zeroes, with many\n"
-    "requests in flight.  DST is created (or overwritten).\n"
+    "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE,\n"
+    "an NBD URI, rbd:POOL/IMAGE[@SNAP]) into a new image DST, skipping\n"
+    "ranges that read as zeroes, with many requests in flight.  DST is\n"
+    "created (or overwritten); a DST rbd:POOL/IMAGE is a new RBD image\n"
+    "(-O raw; an existing one is an error).\n"
     "  -p            show progress on a terminal\n"
     "  -c            compress the clusters of a qcow2 DST (deflate)\n"
     "  -f FMT        format of SRC instead of probing\n"
@@ -93,12 +97,20 @@ static uint64_t grain_end(uint64_t pos, uint64_t end) {
   return e < end ? e : end;
 }
 
-static bool same_at(const struct slot *s, uint64_t a, uint64_t b) {
-  return !memcmp(s->buf + (a - s->start), s->base + (a - s->start), b - a);
+static bool all_zero(const uint8_t *p, uint64_t n) {
+  return p[0] == 0 && !memcmp(p, p + 1, n - 1);
 }
 
-/* With -B: the next run of clusters from S->pos on where the source and
- * the backing file differ, as [*A, *B); false when there is none. */
+/* Whether the source's [a, b) equals what the destination holds there:
+ * with -B its backing file's data, else zeroes (it is new). */
+static bool same_at(const struct slot *s, uint64_t a, uint64_t b) {
+  const uint8_t *p = s->buf + (a - s->start);
+  return s->base ? !memcmp(p, s->base + (a - s->start), b - a)
+                 : all_zero(p, b - a);
+}
+
+/* The next run of clusters from S->pos on where the source and the
+ * destination differ, as [*A, *B); false when there is none. */
 static bool next_diff(const struct slot *s, uint64_t *a, uint64_t *b) {
   uint64_t pos = s->pos, end = s->start + s->len;
   while (pos < end && same_at(s, pos, grain_end(pos, end)))
@@ -112,11 +124,7 @@ static bool next_diff(const struct slot *s, uint64_t *a, uint64_t *b) {
   return true;
 }
 
-static bool all_zero(const uint8_t *p, uint64_t n) {
-  return p[0] == 0 && !memcmp(p, p + 1, n - 1);
-}
-
-/* With -B: write the next differing run of S (zeroes as a zero write, so
+/* Write the next differing run of S (zeroes as a zero write, so
  * that qcow2 marks whole clusters zero).  False when S is done. */
 static bool write_next_diff(struct slot *s) {
   uint64_t a, b;
@@ -152,15 +160,11 @@ static void slot_done(struct bd_req *req, int err) {
     bd_submit(cp->dst, &s->req);
     return;
   }
-  if (err == 0 && s->phase == READ_SRC) {
-    /* The data is in: the same buffer goes out to the destination. */
-    s->phase = WRITING;
-    s->req.cmd = BD_WRITE;
-    s->req.flags = cp->write_flags;
-    bd_submit(cp->dst, &s->req);
-    return;
-  }
-  if (err == 0 && cp->diff && write_next_diff(s))
+  /* The data is in: the runs of clusters that are not zeroes go out to
+   * the new destination (it reads as zeroes already: an RBD image keeps
+   * no object, a file no block for the rest), then with -B those that
+   * differ from its backing file, one after another. */
+  if (err == 0 && write_next_diff(s))
     return;
   pthread_mutex_lock(&cp->lock);
   if (err < 0 && cp->err == 0) {
@@ -307,11 +311,22 @@ struct dst_opts {
   const char *fmt, *backing, *backing_fmt;
 };
 
+/* A new RBD image, as big as the source; an existing one is refused. */
+static int create_rbd_dst(const char *spec, uint64_t size) {
+  if (rbd_admin_create(spec, size, 0, BD_RBD_TIMEOUT_DEFAULT) < 0) {
+    cli_error("convert", NULL, "%s", bd_errmsg());
+    return -1;
+  }
+  return 0;
+}
+
 /* Truncate and lay out DST, holding its write lock from before the
  * truncation: a busy image is refused, never emptied. */
 static int create_dst(const char *path, const struct dst_opts *d,
                       uint64_t size) {
   const char *fmt = d->fmt;
+  if (rbd_spec_matches(path))
+    return create_rbd_dst(path, size);
   if (is_open_here(path)) {
     cli_error("convert", path,
               "the output is the input, or a file of its backing chain");
@@ -471,7 +486,11 @@ int convert_main(int argc, char **argv) {
     free(spec);
     return 1;
   }
-  const char *why = compress && strcmp(ofmt, "qcow2")    ? "-c needs -O qcow2"
+  bool rbd_dst = argc > optind && rbd_spec_matches(argv[argc - 1]);
+  const char *why = rbd_dst && strcmp(ofmt, "raw")
+                        ? "an RBD image is raw: qcow2 on RBD is not supported "
+                          "(-O raw)"
+                    : compress && strcmp(ofmt, "qcow2")  ? "-c needs -O qcow2"
                     : d.backing && strcmp(ofmt, "qcow2") ? "-B needs -O qcow2"
                     : d.backing_fmt && !d.backing        ? "-F needs -B"
                     : d.backing_fmt && strcmp(d.backing_fmt, "raw") &&

@@ -15,6 +15,8 @@
 #include "core/filelock.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
+#include "formats/rbd-admin.h"
+#include "formats/rbd-spec.h"
 
 #include "backing.h"
 #include "cli.h"
@@ -23,9 +25,14 @@
 static const char create_usage[] =
     "Usage: blockport create -f FMT [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
     "[SIZE]\n"
-    "Create a new disk image FILE (an existing file is overwritten).\n"
+    "       blockport create [-f raw] [-o cluster_size=SIZE] "
+    "rbd:POOL/IMAGE SIZE\n"
+    "Create a new disk image FILE (an existing file is overwritten), or a\n"
+    "new Ceph RBD image (an existing one is an error) with the cluster's\n"
+    "default features.\n"
     "\n"
-    "FMT is qcow2 or raw.  SIZE takes the suffixes k, M, G, T, P, E (powers\n"
+    "FMT is qcow2 or raw (RBD images: raw).  SIZE takes the suffixes k, M, G, "
+    "T, P, E (powers\n"
     "of 1024) and is rounded up to 512 bytes; with a backing file it defaults\n"
     "to the backing file's size.\n"
     "\n"
@@ -50,7 +57,10 @@ static const char create_usage[] =
     "  refcount_bits=N           1, 2, 4, 8, 16 (default), 32 or 64\n"
     "  preallocation=off|metadata|falloc|full\n"
     "raw options:\n"
-    "  preallocation=off|falloc|full\n";
+    "  preallocation=off|falloc|full\n"
+    "RBD options:\n"
+    "  cluster_size=SIZE         object size: 4k to 32M, a power of two\n"
+    "                            (default: the cluster's, usually 4M)\n";
 
 struct create_args {
   const char *fmt, *file, *backing, *backing_fmt;
@@ -59,6 +69,8 @@ struct create_args {
   struct qcow2_create_opts q;
   bool raw_opt_seen; /* an option raw does not take */
   char bad_opt[64];
+  bool rbd;              /* FILE is rbd:POOL/IMAGE */
+  uint64_t cluster_size; /* -o cluster_size, checked for the format */
 };
 
 static int err_usage(const char *fmt, ...)
@@ -139,11 +151,9 @@ static int set_option(struct create_args *a, char *kv) {
     snprintf(a->bad_opt, sizeof a->bad_opt, "%s", kv);
   a->raw_opt_seen = true;
   if (!strcmp(kv, "cluster_size")) {
-    if (bd_parse_size(v, &n) < 0 || (bits = log2_exact(n)) < 9 || bits > 21)
-      return err_usage("invalid cluster_size '%s' (a power of two from 512 "
-                       "to 2M)",
-                       v);
-    q->cluster_bits = (unsigned)bits;
+    if (bd_parse_size(v, &n) < 0 || log2_exact(n) < 0)
+      return err_usage("invalid cluster_size '%s' (a power of two)", v);
+    a->cluster_size = n;
   } else if (!strcmp(kv, "compat")) {
     if (!strcmp(v, "0.10") || !strcmp(v, "v2"))
       q->version = 2;
@@ -198,6 +208,25 @@ static int set_options(struct create_args *a, const char *list) {
   return r;
 }
 
+/* An RBD image: raw, a size, and at most an object size. */
+static int check_rbd_args(struct create_args *a) {
+  if (a->backing || a->backing_fmt)
+    return err_usage("%s", "RBD images cannot have a backing file");
+  if (a->raw_opt_seen && strcmp(a->bad_opt, "cluster_size"))
+    return err_usage("RBD images do not take the option '%s'", a->bad_opt);
+  if (a->q.prealloc != QCOW2_PREALLOC_OFF)
+    return err_usage("%s", "RBD images take no preallocation");
+  int bits = a->cluster_size ? log2_exact(a->cluster_size) : 0;
+  if (a->cluster_size &&
+      (bits < RBD_ADMIN_MIN_ORDER || bits > RBD_ADMIN_MAX_ORDER))
+    return err_usage("invalid cluster_size %llu for RBD (a power of two from "
+                     "4k to 32M)",
+                     (unsigned long long)a->cluster_size);
+  if (!a->has_size)
+    return err_usage("%s", "no size given");
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, struct create_args *a) {
   static const struct option longopts[] = {
       {"format", required_argument, NULL, 'f'},
@@ -224,8 +253,16 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     default: fputs(create_usage, stderr); return -1;
     }
   }
+  if (optind < argc)
+    a->rbd = rbd_spec_matches(argv[optind]);
+  if (!a->fmt && a->rbd)
+    a->fmt = "raw";
   if (!a->fmt)
     return err_usage("%s", "no format given (-f qcow2 or -f raw)");
+  if (a->rbd && strcmp(a->fmt, "raw"))
+    return err_usage("%s images cannot be made on RBD: an RBD image is raw "
+                     "(-f raw)",
+                     a->fmt);
   if (strcmp(a->fmt, "qcow2") && strcmp(a->fmt, "raw"))
     return err_usage("unknown format '%s' (qcow2 or raw)", a->fmt);
   if (optind >= argc)
@@ -239,6 +276,16 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
   }
   if (optind < argc)
     return err_usage("unexpected argument '%s'", argv[optind]);
+  if (a->rbd)
+    return check_rbd_args(a);
+  if (a->cluster_size) {
+    int bits = log2_exact(a->cluster_size);
+    if (bits < 9 || bits > 21)
+      return err_usage("invalid cluster_size %llu (a power of two from 512 "
+                       "to 2M)",
+                       (unsigned long long)a->cluster_size);
+    a->q.cluster_bits = (unsigned)bits;
+  }
   if (!strcmp(a->fmt, "raw")) {
     if (a->raw_opt_seen)
       return err_usage("raw images do not take the option '%s'", a->bad_opt);
@@ -333,11 +380,31 @@ static const char *prealloc_name(enum qcow2_prealloc p) {
   }
 }
 
+/* rbd:POOL/IMAGE through librbd, printed as qemu-img prints it. */
+static int create_rbd(const struct create_args *a) {
+  int order = a->cluster_size ? log2_exact(a->cluster_size) : 0;
+  if (!a->quiet) {
+    printf("Formatting '%s', fmt=raw size=%llu", a->file,
+           (unsigned long long)a->size);
+    if (a->cluster_size)
+      printf(" cluster_size=%llu", (unsigned long long)a->cluster_size);
+    printf("\n");
+    fflush(stdout);
+  }
+  if (rbd_admin_create(a->file, a->size, order, BD_RBD_TIMEOUT_DEFAULT) < 0) {
+    cli_error("create", NULL, "%s", bd_errmsg());
+    return 1;
+  }
+  return 0;
+}
+
 int create_main(int argc, char **argv) {
   struct create_args a = {
       .q = {.version = 3, .cluster_bits = 16, .refcount_order = 4}};
   if (parse_args(argc, argv, &a) < 0)
     return 1;
+  if (a.rbd)
+    return create_rbd(&a);
   if (a.backing && check_backing(&a) < 0)
     return 1;
 

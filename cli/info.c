@@ -22,6 +22,8 @@
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
 #include "formats/qcow2/snapshot.h"
+#include "formats/rbd-admin.h"
+#include "formats/rbd-spec.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -33,7 +35,9 @@
 static const char info_usage[] =
     "Usage: blockport info [OPTIONS] IMAGE\n"
     "Show the format, sizes and format-specific facts of a disk image.\n"
-    "IMAGE may be an NBD URI (nbd://, nbd+unix://): its size, read as raw.\n"
+    "IMAGE may be an NBD URI (nbd://, nbd+unix://): its size, read as raw;\n"
+    "or a Ceph RBD image (rbd:POOL/IMAGE[@SNAP]): raw, with its object\n"
+    "size, features and snapshots.\n"
     "\n"
     "  -f, --format FMT    image format instead of probing: raw, qcow2\n"
     "      --json          print JSON with the field names of `qemu-img info\n"
@@ -55,7 +59,9 @@ struct image {
   dev_t dev;
   ino_t ino;
   bool qcow2;
-  bool remote;         /* an NBD export: no file, so no disk or file size */
+  bool remote; /* an NBD export: no file, so no disk or file size */
+  bool rbd;    /* an RBD image: r holds its facts */
+  struct rbd_admin_info r;
   struct qcow2_info q; /* when qcow2 */
   char *full_backing;  /* q.backing as opened; NULL without one */
 };
@@ -69,6 +75,7 @@ static void free_image(struct image *im) {
   free(im->filename);
   free(im->full_backing);
   qcow2_info_free(&im->q);
+  rbd_admin_info_free(&im->r);
   memset(im, 0, sizeof *im);
 }
 
@@ -102,10 +109,24 @@ static int read_remote(const char *uri, struct image *im) {
   return 0;
 }
 
+/* An RBD image: raw, with the facts librbd gives. */
+static int read_rbd(const char *spec, struct image *im) {
+  if (rbd_admin_info(spec, BD_RBD_TIMEOUT_DEFAULT, &im->r) < 0)
+    return -1;
+  im->format = "raw";
+  im->remote = im->rbd = true;
+  im->vsize = im->r.size;
+  return 0;
+}
+
 static int read_image(const char *path, const char *format, struct image *im) {
   memset(im, 0, sizeof *im);
   if (!(im->filename = strdup(path)))
     return fail("out of memory");
+  if (rbd_spec_matches(path))
+    return format && strcmp(format, "raw")
+               ? fail("an RBD image is raw, not %s", format)
+               : read_rbd(path, im);
   if (nbdsrc_is_uri(path))
     return format && strcmp(format, "raw")
                ? fail("an NBD export is read as raw, not %s", format)
@@ -227,6 +248,45 @@ static void print_snapshot_line(const struct qcow2_snapshot *s) {
          icount);
 }
 
+/* FEATURES by the names `rbd info` prints, after SEP. */
+static void print_rbd_features(uint64_t features, const char *sep,
+                               bool quoted) {
+  const char *q = quoted ? "\"" : "";
+  for (unsigned b = 0, n = 0; b < 64; b++) {
+    if (!(features & (1ull << b)))
+      continue;
+    const char *name = rbd_admin_feature_name(b);
+    printf("%s %s", n++ ? sep : "", q);
+    if (name)
+      printf("%s%s", name, q);
+    else
+      printf("unknown-%u%s", b, q);
+  }
+}
+
+/* Snapshots as QEMU's rbd driver lists them (the name is the ID too, the
+ * image size at the snapshot as VM SIZE), then RBD's own facts. */
+static void print_rbd_human(const struct rbd_admin_info *r) {
+  printf("cluster_size: %" PRIu64 "\n", r->object_size);
+  if (r->nsnaps) {
+    printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
+           "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+    for (size_t i = 0; i < r->nsnaps; i++) {
+      struct qcow2_snapshot s = {.id = r->snaps[i].name,
+                                 .name = r->snaps[i].name,
+                                 .vm_state_size = r->snaps[i].size,
+                                 .date_sec = (uint32_t)r->snaps[i].date_sec,
+                                 .icount = UINT64_MAX};
+      print_snapshot_line(&s);
+    }
+  }
+  char a[32];
+  human_size(a, sizeof a, r->object_size);
+  printf("Format specific information:\n    features:");
+  print_rbd_features(r->features, ",", false);
+  printf("\n    object size: %s\n    order: %d\n", a, r->order);
+}
+
 static void print_human(const struct image *im) {
   char a[32], b[32];
   printf("image: %s\nfile format: %s\n", im->filename, im->format);
@@ -234,6 +294,8 @@ static void print_human(const struct image *im) {
   printf("virtual size: %s (%" PRIu64 " bytes)\n", a, im->vsize);
   if (im->remote) {
     printf("disk size: unavailable\n");
+    if (im->rbd)
+      print_rbd_human(&im->r);
     return;
   }
   human_size(a, sizeof a, im->actual);
@@ -293,6 +355,38 @@ static const char *tf(bool b) {
   return b ? "true" : "false";
 }
 
+/* As `qemu-img info --output=json` shows an RBD image, and RBD's own
+ * facts as format-specific data of type "rbd". */
+static void print_rbd_json(const struct rbd_admin_info *r, const char *ind) {
+  printf("%s    \"cluster-size\": %" PRIu64 ",\n", ind, r->object_size);
+  if (r->nsnaps) {
+    printf("%s    \"snapshots\": [\n", ind);
+    for (size_t i = 0; i < r->nsnaps; i++) {
+      const struct rbd_admin_snap *s = &r->snaps[i];
+      printf("%s        {\n%s            \"id\": ", ind, ind);
+      json_str(s->name);
+      printf(",\n%s            \"name\": ", ind);
+      json_str(s->name);
+      printf(",\n%s            \"vm-state-size\": %" PRIu64 ",\n", ind,
+             s->size);
+      printf("%s            \"date-sec\": %" PRId64 ",\n", ind, s->date_sec);
+      printf("%s            \"date-nsec\": 0,\n", ind);
+      printf("%s            \"vm-clock-sec\": 0,\n", ind);
+      printf("%s            \"vm-clock-nsec\": 0\n", ind);
+      printf("%s        }%s\n", ind, i + 1 < r->nsnaps ? "," : "");
+    }
+    printf("%s    ],\n", ind);
+  }
+  printf("%s    \"format-specific\": {\n%s        \"type\": \"rbd\",\n"
+         "%s        \"data\": {\n%s            \"features\": [",
+         ind, ind, ind, ind);
+  print_rbd_features(r->features, ",", true);
+  printf("],\n%s            \"object-size\": %" PRIu64 ",\n", ind,
+         r->object_size);
+  printf("%s            \"order\": %d\n%s        }\n%s    },\n", ind, r->order,
+         ind, ind);
+}
+
 static void print_json(const struct image *im, const char *ind) {
   const struct qcow2_info *q = &im->q;
   printf("%s{\n%s    \"filename\": ", ind, ind);
@@ -303,6 +397,8 @@ static void print_json(const struct image *im, const char *ind) {
     printf("%s    \"actual-size\": %" PRIu64 ",\n", ind, im->actual);
     printf("%s    \"file-length\": %" PRIu64 ",\n", ind, im->file_size);
   }
+  if (im->rbd)
+    print_rbd_json(&im->r, ind);
   if (im->qcow2) {
     printf("%s    \"cluster-size\": %" PRIu64 ",\n", ind, q->cluster_size);
     if (q->backing) {

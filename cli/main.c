@@ -19,15 +19,16 @@ static const struct command {
     {"vhost", vhost_main, "serve an image to QEMU as vhost-user-blk"},
     /* Image tools: keep in the order `qemu-img` users know. */
     {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
-    {"create", create_main, "create a raw or qcow2 image"},
+    {"create", create_main, "create a raw or qcow2 image, or an RBD image"},
     {"info", info_main, "show facts about an image"},
     {"map", map_main, "show where an image's data lives"},
-    {"convert", convert_main, "copy an image into a new raw or qcow2 file"},
+    {"convert", convert_main,
+     "copy an image into a new raw or qcow2 file or RBD image"},
 };
 
 static void usage(FILE *f) {
   fputs("Usage: blockport COMMAND [OPTIONS] ...\n"
-        "Serve and reach disk images (raw, qcow2).\n\nCommands:\n",
+        "Serve and reach disk images (raw, qcow2, Ceph RBD).\n\nCommands:\n",
         f);
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-9s %s (blockport %s --help)\n", commands[i].name,

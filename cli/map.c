@@ -18,6 +18,8 @@ static const char map_usage[] =
     "and at which offset of which file.  --json prints the fields of\n"
     "`qemu-img map --output=json`.  -U/--force-share maps an image that\n"
     "another process writes (without it, such an image is refused).\n"
+    "IMAGE may be an NBD URI or rbd:POOL/IMAGE[@SNAP] (with fast-diff, an\n"
+    "RBD image maps by whole objects, as qemu-img map shows it).\n"
     "Exit status: 0 success, 1 bad usage or the image cannot be read.\n";
 
 static bool mergeable(const struct map_entry *a, const struct map_entry *b) {

@@ -49,8 +49,9 @@ int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
   if (!strcmp(bd->format, "qcow2"))
     return qcow2_map(bd, depth, off, len, e);
   int r = generic_map(bd, off, len, e);
-  if (r == 0 && !strcmp(bd->format, "raw")) {
-    /* Every byte of a raw file sits at its own offset. */
+  if (r == 0 && (!strcmp(bd->format, "raw") || !strcmp(bd->format, "rbd"))) {
+    /* Every byte of a raw file (or an RBD image, as qemu-img map shows
+     * it) sits at its own offset. */
     e->has_offset = true;
     e->offset = off;
   }
