@@ -8,11 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include <rbd/librbd.h>
-
 #include "core/error.h"
 
 #include "rbd-cluster.h"
+#include "rbd-lib.h"
 #include "rbd-spec.h"
 
 const char *rbd_admin_feature_name(unsigned bit) {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* librados connection for RBD specs (rbd-cluster.h). */
 #include "rbd-cluster.h"
+#include "rbd-lib.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -85,7 +86,11 @@ static int check_fsid(const struct rbd_spec *s, const char *name, rados_t c) {
 int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
                         const char *name, struct rbd_cluster *c) {
   c->io = NULL;
-  int r = rados_create(&c->cluster, s->id);
+  c->cluster = NULL;
+  int r = rbd_lib_load();
+  if (r < 0)
+    return r;
+  r = rados_create(&c->cluster, s->id);
   if (r < 0) {
     bd_set_error("rbd %s: cannot create a cluster handle: %s", name,
                  strerror(-r));

@@ -19,14 +19,13 @@
 #include <string.h>
 #include <time.h>
 
-#include <rbd/librbd.h>
-
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "core/pool.h"
 
 #include "formats.h"
 #include "rbd-cluster.h"
+#include "rbd-lib.h"
 #include "rbd-spec.h"
 
 struct rbd_dev {
