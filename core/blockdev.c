@@ -599,6 +599,35 @@ void bd_complete(struct bd_req *req, int err) {
   req->done(req, err);
 }
 
+/* The calling thread's open batch: its depth and the deferred hooks. */
+static _Thread_local unsigned batch_depth;
+static _Thread_local struct bd_batch_hook *batch_hooks;
+
+void bd_batch_begin(void) {
+  batch_depth++;
+}
+
+bool bd_batch_defer(struct bd_batch_hook *h) {
+  if (batch_depth == 0)
+    return false;
+  h->next = batch_hooks;
+  batch_hooks = h;
+  return true;
+}
+
+void bd_batch_end(void) {
+  if (--batch_depth > 0)
+    return;
+  /* Outside the batch now: whatever a hook completes is handled inline. */
+  struct bd_batch_hook *h = batch_hooks;
+  batch_hooks = NULL;
+  while (h) {
+    struct bd_batch_hook *next = h->next;
+    h->run(h);
+    h = next;
+  }
+}
+
 /* bd_run() on an asynchronous source: submit a copy of the request that
  * carries its own wait state, then sleep until it completes. */
 struct sync_req {

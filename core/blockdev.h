@@ -372,6 +372,22 @@ int bd_run(struct bd *bd, struct bd_req *req);
 /* Called by BD_EXEC_ASYNC sources when a request finishes. */
 void bd_complete(struct bd_req *req, int err);
 
+/* Completion batches.  A source that finishes many requests in a row (a
+ * poll of completion events) brackets them with bd_batch_begin() and
+ * bd_batch_end().  A front end whose done() would otherwise do costly
+ * work per request, such as a socket send that wakes the peer, may hand
+ * that work to bd_batch_defer(): the hook then runs once, in the same
+ * thread, at bd_batch_end(), after the whole batch.  Outside a batch
+ * bd_batch_defer() returns false and the caller does the work now.
+ * Batches nest; hooks run at the outermost end. */
+struct bd_batch_hook {
+  void (*run)(struct bd_batch_hook *h);
+  struct bd_batch_hook *next; /* owned by the batch while deferred */
+};
+void bd_batch_begin(void);
+bool bd_batch_defer(struct bd_batch_hook *h);
+void bd_batch_end(void);
+
 /* Synchronous conveniences built on bd_run(). */
 int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off);
 int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,

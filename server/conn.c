@@ -839,6 +839,7 @@ bool conn_start(struct server *srv, int fd, const char *peer,
   c->rbuf = malloc(RBUF_SIZE);
   c->rcap = RBUF_SIZE;
   c->sq_tail = &c->sq_head;
+  send_init(c);
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   /* Adaptive: spin briefly before sleeping, as hold times are tiny. */
   pthread_mutexattr_t ma;

@@ -85,8 +85,11 @@ struct conn {
   uint64_t inflight_bytes;
   struct nreq *freelist;
   struct nreq *sq_head, **sq_tail; /* replies waiting to be sent */
-  bool sending;      /* somebody holds the right to write the socket */
-  bool corked;       /* ... and it is the connection thread */
+  bool sending; /* somebody holds the right to write the socket */
+  bool corked;  /* ... and it is the connection thread */
+  bool batched; /* ... and it is a source's completion batch, which
+                 * sends at its end (batch_hook) */
+  struct bd_batch_hook batch_hook;
   bool send_blocked; /* the socket is full: wait for POLLOUT */
   bool dead;         /* the socket failed: drop replies */
   bool waiting;      /* the connection thread wants a wake-up */
@@ -96,6 +99,7 @@ struct conn {
 
 /* send.c */
 void send_queue(struct conn *c, struct nreq *n);
+void send_init(struct conn *c);
 void send_cork(struct conn *c);
 void send_uncork(struct conn *c);
 void send_writable(struct conn *c);

@@ -8,6 +8,7 @@
  * POLLOUT in the connection thread, and no worker is ever held hostage by a
  * client that does not read its replies. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -147,10 +148,30 @@ void send_queue(struct conn *c, struct nreq *n) {
     drop_all(c);
   } else if (!c->sending) {
     c->sending = true;
-    drain_locked(c);
-    c->sending = false;
+    if (bd_batch_defer(&c->batch_hook)) {
+      c->batched = true; /* the rest of the batch rides along */
+    } else {
+      drain_locked(c);
+      c->sending = false;
+    }
   }
   pthread_mutex_unlock(&c->lock);
+}
+
+/* The end of a source's completion batch that queued replies here: one
+ * send for all of them instead of one wake-up of the client per reply. */
+static void send_batch_end(struct bd_batch_hook *h) {
+  struct conn *c =
+      (struct conn *)((char *)h - offsetof(struct conn, batch_hook));
+  pthread_mutex_lock(&c->lock);
+  c->batched = false;
+  drain_locked(c);
+  c->sending = false;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void send_init(struct conn *c) {
+  c->batch_hook.run = send_batch_end;
 }
 
 /* While the connection thread dispatches a batch of requests it holds the

@@ -2,6 +2,8 @@
 /* Unit tests for core/blockdev.c and the memory and null sources. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -554,4 +556,55 @@ Test(null, sizes) {
   cr_assert_null(bd_open("null:", NULL, false));
   cr_assert_null(bd_open("null:8E", NULL, false));
   cr_assert_null(bd_open("null:1Q", NULL, false));
+}
+
+/* ---- completion batches ---- */
+
+struct counted_hook {
+  struct bd_batch_hook h;
+  int runs;
+};
+
+static void count_run(struct bd_batch_hook *h) {
+  ((struct counted_hook *)h)->runs++;
+}
+
+Test(batch, outside_a_batch_nothing_is_deferred) {
+  struct counted_hook a = {.h.run = count_run};
+  cr_assert_not(bd_batch_defer(&a.h));
+  bd_batch_begin();
+  bd_batch_end();
+  cr_assert_eq(a.runs, 0);
+}
+
+Test(batch, hooks_run_once_each_at_the_outermost_end) {
+  struct counted_hook a = {.h.run = count_run}, b = {.h.run = count_run};
+  bd_batch_begin();
+  cr_assert(bd_batch_defer(&a.h));
+  bd_batch_begin(); /* nested: its end is not the batch's */
+  cr_assert(bd_batch_defer(&b.h));
+  bd_batch_end();
+  cr_assert_eq(a.runs + b.runs, 0, "a hook ran before the batch ended");
+  bd_batch_end();
+  cr_assert_eq(a.runs, 1);
+  cr_assert_eq(b.runs, 1);
+  /* The batch is over: the next defer is refused, the hooks stay run. */
+  cr_assert_not(bd_batch_defer(&a.h));
+  cr_assert_eq(a.runs, 1);
+}
+
+static void *defer_elsewhere(void *arg) {
+  return (void *)(uintptr_t)bd_batch_defer(arg);
+}
+
+Test(batch, a_batch_belongs_to_its_thread) {
+  struct counted_hook a = {.h.run = count_run};
+  bd_batch_begin();
+  pthread_t t;
+  void *deferred;
+  cr_assert_eq(pthread_create(&t, NULL, defer_elsewhere, &a.h), 0);
+  pthread_join(t, &deferred);
+  bd_batch_end();
+  cr_assert_null(deferred, "another thread's completion was deferred");
+  cr_assert_eq(a.runs, 0);
 }
