@@ -27,6 +27,7 @@
   X(rbd_aio_create_completion)                                                 \
   X(rbd_aio_discard)                                                           \
   X(rbd_aio_flush)                                                             \
+  X(rbd_aio_get_arg)                                                           \
   X(rbd_aio_get_return_value)                                                  \
   X(rbd_aio_read)                                                              \
   X(rbd_aio_release)                                                           \
@@ -46,6 +47,8 @@
   X(rbd_lock_get_owners_cleanup)                                               \
   X(rbd_open)                                                                  \
   X(rbd_open_read_only)                                                        \
+  X(rbd_poll_io_events)                                                        \
+  X(rbd_set_image_notification)                                                \
   X(rbd_snap_get_timestamp)                                                    \
   X(rbd_snap_list)                                                             \
   X(rbd_snap_list_end)                                                         \
@@ -76,6 +79,7 @@ int rbd_lib_load(void);
 #define rbd_aio_create_completion (rbd_lib.rbd_aio_create_completion)
 #define rbd_aio_discard (rbd_lib.rbd_aio_discard)
 #define rbd_aio_flush (rbd_lib.rbd_aio_flush)
+#define rbd_aio_get_arg (rbd_lib.rbd_aio_get_arg)
 #define rbd_aio_get_return_value (rbd_lib.rbd_aio_get_return_value)
 #define rbd_aio_read (rbd_lib.rbd_aio_read)
 #define rbd_aio_release (rbd_lib.rbd_aio_release)
@@ -95,6 +99,8 @@ int rbd_lib_load(void);
 #define rbd_lock_get_owners_cleanup (rbd_lib.rbd_lock_get_owners_cleanup)
 #define rbd_open (rbd_lib.rbd_open)
 #define rbd_open_read_only (rbd_lib.rbd_open_read_only)
+#define rbd_poll_io_events (rbd_lib.rbd_poll_io_events)
+#define rbd_set_image_notification (rbd_lib.rbd_set_image_notification)
 #define rbd_snap_get_timestamp (rbd_lib.rbd_snap_get_timestamp)
 #define rbd_snap_list (rbd_lib.rbd_snap_list)
 #define rbd_snap_list_end (rbd_lib.rbd_snap_list_end)

@@ -2,8 +2,14 @@
 /* The Ceph RBD source: an image in a Ceph cluster, through librbd.
  *
  * Asynchronous: reads, writes, flushes, trims and zeroes go to librbd's
- * aio calls and complete from its callbacks, so a front end keeps its
- * whole queue depth in flight without a thread per request.  Block status
+ * aio calls, so a front end keeps its whole queue depth in flight without
+ * a thread per request.  Completions are not taken one by one in librbd's
+ * callback threads but collected by one reaper thread per image, woken by
+ * an eventfd (rbd_set_image_notification), which completes everything
+ * that finished since it last looked as one batch (bd_batch_begin()): the
+ * NBD server then answers a batch with one send instead of waking its
+ * client once per reply (about 3.5 replies per send at iodepth 64, and 6%
+ * more IOPS on one connection: docs/BENCHMARKS.md).  Block status
  * (rbd_diff_iterate2) is synchronous in librbd and runs on the worker
  * pool.  One image handle serves every connection of a front end: a
  * flush on any of them covers all writes (multi-conn).
@@ -13,11 +19,14 @@
  * client: a second writer fails or waits (struct bd_open_opts rbd_lock)
  * instead of taking turns.  Snapshots open read-only. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/blockdev.h"
 #include "core/log.h"
@@ -33,7 +42,12 @@ struct rbd_dev {
   rbd_image_t img;
   bool whole_object;   /* block status by whole objects (fast-diff) */
   atomic_bool failing; /* the last request failed: log only the first */
-  char name[256];      /* pool/image@snap, for messages */
+  int efd;             /* librbd counts finished requests here; -1: the
+                        * callbacks complete them one by one */
+  atomic_bool stop;    /* the reaper's cue to leave */
+  pthread_t reaper;
+  bool reaping;   /* the reaper thread runs */
+  char name[256]; /* pool/image@snap, for messages */
 };
 
 /* One request in librbd's hands. */
@@ -108,7 +122,9 @@ static int start(struct rbd_op *op) {
   struct bd_req *req = op->req;
   rbd_image_t img = op->d->img;
   rbd_completion_t c;
-  int r = rbd_aio_create_completion(op, on_done, &c);
+  /* With the reaper, librbd queues the completion for rbd_poll_io_events
+   * instead of calling back. */
+  int r = rbd_aio_create_completion(op, op->d->reaping ? NULL : on_done, &c);
   if (r < 0)
     return r;
   switch (op->flushing ? BD_FLUSH : req->cmd) {
@@ -211,7 +227,66 @@ static int rbd_extents(struct bd *bd, uint64_t len, uint64_t off,
   return 0;
 }
 
+/* Everything that finished since the last look, as one batch. */
+static void reap(struct rbd_dev *d) {
+  rbd_completion_t comps[64];
+  int n;
+  bd_batch_begin();
+  do {
+    n = rbd_poll_io_events(d->img, comps, 64);
+    for (int i = 0; i < n; i++)
+      on_done(comps[i], rbd_aio_get_arg(comps[i]));
+  } while (n == 64);
+  bd_batch_end();
+}
+
+static void *reaper_main(void *arg) {
+  struct rbd_dev *d = arg;
+  while (!atomic_load(&d->stop)) {
+    uint64_t count;
+    if (read(d->efd, &count, sizeof count) < 0 && errno != EINTR) {
+      log_error("rbd %s: completion eventfd: %s", d->name, strerror(errno));
+      break; /* cannot happen with a valid eventfd */
+    }
+    reap(d);
+  }
+  return NULL;
+}
+
+/* Starts the reaper.  Without it (no eventfd, no thread, a librbd that
+ * refuses the notification) the callbacks complete requests one by one,
+ * which is correct, only dearer. */
+static void start_reaper(struct rbd_dev *d) {
+  d->efd = eventfd(0, EFD_CLOEXEC);
+  if (d->efd < 0)
+    return;
+  if (rbd_set_image_notification(d->img, d->efd, EVENT_TYPE_EVENTFD) < 0 ||
+      pthread_create(&d->reaper, NULL, reaper_main, d) != 0) {
+    close(d->efd);
+    d->efd = -1;
+    return;
+  }
+  pthread_setname_np(d->reaper, "bp-rbd-reap");
+  d->reaping = true;
+}
+
+/* Called with nothing in flight (the front ends have drained). */
+static void stop_reaper(struct rbd_dev *d) {
+  if (d->reaping) {
+    atomic_store(&d->stop, true);
+    uint64_t one = 1;
+    if (write(d->efd, &one, sizeof one) < 0)
+      log_error("rbd %s: cannot wake the reaper: %s", d->name, strerror(errno));
+    pthread_join(d->reaper, NULL);
+    d->reaping = false;
+  }
+  if (d->efd >= 0)
+    close(d->efd);
+  d->efd = -1;
+}
+
 static void free_dev(struct rbd_dev *d) {
+  stop_reaper(d);
   if (d->img)
     rbd_close(d->img); /* releases the exclusive lock */
   rbd_cluster_close(&d->c);
@@ -356,6 +431,7 @@ struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o) {
     bd_set_error("rbd %s: out of memory", spec);
     goto out;
   }
+  d->efd = -1;
   rbd_spec_name(&s, d->name, sizeof d->name);
   bool readonly = (o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)) || s.snap;
   if (s.snap && !(o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)))
@@ -366,6 +442,7 @@ struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o) {
     free_dev(d);
     goto out;
   }
+  start_reaper(d);
 out:
   rbd_spec_free(&s);
   return bd;
