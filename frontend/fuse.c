@@ -24,7 +24,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
-#include "disk.h"
+#include "core/disk.h"
 #include "fuse-flags.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Unit tests for frontend/disk.c: requests of any offset and length over a
+/* Unit tests for core/disk.c: requests of any offset and length over a
  * device that refuses anything but whole blocks of its minimum size and at
  * most its maximum size.  Its operations run on the worker pool, so the
  * pieces of a request and concurrent requests complete in any order. */
@@ -12,7 +12,7 @@
 
 #include "core/blockdev.h"
 #include "core/pool.h"
-#include "frontend/disk.h"
+#include "core/disk.h"
 
 struct strict {
   uint8_t *data;

@@ -17,8 +17,8 @@
  *
  * The caller validates ranges (inside the disk) first.  done() is called
  * exactly once, on any thread, as for bd_submit(). */
-#ifndef BLOCKPORT_FRONTEND_DISK_H
-#define BLOCKPORT_FRONTEND_DISK_H
+#ifndef BLOCKPORT_CORE_DISK_H
+#define BLOCKPORT_CORE_DISK_H
 
 #include <pthread.h>
 #include <stdatomic.h>
