@@ -32,7 +32,8 @@
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2\n"
-    "                         [-B BACKING [-F FMT]] SRC DST\n"
+    "                         [-B BACKING [-F FMT]] [-t CACHE] [-T CACHE]\n"
+    "                         SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE,\n"
@@ -50,6 +51,9 @@ static const char convert_usage[] =
     "                name relative to DST's directory, or an NBD URI) and\n"
     "                only the clusters where SRC differs from it\n"
     "  -F FMT        format of BACKING: raw or qcow2 (default: probed)\n"
+    "  -t CACHE      cache mode of DST, as qemu-img's: writeback (default),\n"
+    "                none (O_DIRECT), writethrough, directsync, unsafe\n"
+    "  -T CACHE      cache mode of SRC (the same modes)\n"
     "  --plugin PLUGIN  SRC is an nbdkit plugin (a .so path or a name in\n"
     "                nbdkit's plugin directory) with its KEY=VALUE "
     "parameters\n"
@@ -309,6 +313,7 @@ static bool is_open_here(const char *path) {
 /* What DST is made of: its format, and with -B its backing file. */
 struct dst_opts {
   const char *fmt, *backing, *backing_fmt;
+  enum bd_cache cache, src_cache; /* -t, -T */
 };
 
 /* A new RBD image, as big as the source; an existing one is refused. */
@@ -392,8 +397,11 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
   struct copy cp = {.progress = progress && isatty(2),
                     .write_flags = compress ? BD_F_COMPRESS : 0,
                     .diff = d->backing != NULL};
-  cp.src =
-      bd_open_flags(src_path, sfmt, share ? BD_OPEN_SHARE : BD_OPEN_READONLY);
+  struct bd_open_opts so = BD_OPEN_OPTS_INIT;
+  so.format = sfmt;
+  so.flags = share ? BD_OPEN_SHARE : BD_OPEN_READONLY;
+  so.cache = d->src_cache;
+  cp.src = bd_open_with(src_path, &so);
   if (!cp.src) {
     cli_error("convert", NULL, "%s", bd_errmsg());
     return 1;
@@ -416,7 +424,10 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
   backing = NULL;
   if (made < 0)
     goto out;
-  cp.dst = bd_open(dst_path, ofmt, false);
+  struct bd_open_opts oo = BD_OPEN_OPTS_INIT;
+  oo.format = ofmt;
+  oo.cache = d->cache;
+  cp.dst = bd_open_with(dst_path, &oo);
   if (!cp.dst) {
     cli_error("convert", NULL, "%s", bd_errmsg());
     goto out;
@@ -462,8 +473,19 @@ int convert_main(int argc, char **argv) {
   struct dst_opts d = {0};
   bool progress = false, compress = false, share = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcUf:O:B:F:h", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "pcUf:O:B:F:t:T:h", longopts, NULL)) !=
+         -1) {
     switch (ch) {
+    case 't':
+    case 'T':
+      if (bd_cache_parse(optarg, ch == 't' ? &d.cache : &d.src_cache) < 0) {
+        cli_error("convert", NULL,
+                  "-%c %s: expected none, writeback, writethrough, "
+                  "directsync or unsafe",
+                  ch, optarg);
+        return 1;
+      }
+      break;
     case 'U': share = true; break;
     case 'G': plugin = optarg; break;
     case 'p': progress = true; break;

@@ -43,12 +43,14 @@ static const char mount_head[] =
     "                            name without its extension, or the export's\n"
     "                            name, or \"disk\")\n"
     "      --no-partitions       do not expose partition files\n"
-    "      --cache MODE          none: every read and write goes to the "
-    "source\n"
-    "                            (default); page: the kernel page cache keeps\n"
-    "                            what was read (the disk file and partition\n"
-    "                            files are then cached apart, as block "
-    "devices)\n"
+    "      --cache MODE          the image's cache mode, as qemu-nbd's:\n"
+    "                            writeback (default), none (O_DIRECT),\n"
+    "                            writethrough, directsync or unsafe; the\n"
+    "                            mounted files bypass the kernel's page cache\n"
+    "                            in every one of them.  page: writeback, and\n"
+    "                            the page cache keeps what the mounted files\n"
+    "                            read (the disk file and partition files are\n"
+    "                            then cached apart, as block devices)\n"
     "  -t, --threads N           threads receiving FUSE requests (default 4)\n"
     "      --allow-other         let other users open the files (as root, or\n"
     "                            with user_allow_other in /etc/fuse.conf)\n"
@@ -408,11 +410,16 @@ static int own_option(struct mount_opts *o, int ch, const char *arg) {
   case 'n': o->name = arg; break;
   case OPT_NO_PARTITIONS: o->no_partitions = true; break;
   case OPT_CACHE:
-    if (strcmp(arg, "none") != 0 && strcmp(arg, "page") != 0) {
-      cli_error("mount", NULL, "--cache %s: expected none or page", arg);
+    /* "page" is the FUSE side's cache; the others are the image's. */
+    o->direct_io = strcmp(arg, "page") != 0;
+    o->co.open.cache = BD_CACHE_WRITEBACK;
+    if (o->direct_io && bd_cache_parse(arg, &o->co.open.cache) < 0) {
+      cli_error("mount", NULL,
+                "--cache %s: expected none, writeback, writethrough, "
+                "directsync, unsafe or page",
+                arg);
       return -1;
     }
-    o->direct_io = strcmp(arg, "none") == 0;
     break;
   case 't':
     if (cli_parse_uint(arg, 1, 1024, &o->threads) < 0) {

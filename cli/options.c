@@ -24,6 +24,7 @@ enum {
   ID_COPY_ON_READ,
   ID_RBD_TIMEOUT,
   ID_RBD_LOCK,
+  ID_CACHE,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -52,6 +53,12 @@ static const struct shared_opt table[] = {
      "parameters"},
     {CO_PLUGIN, 'D', NULL, "NAME.FLAG=N", 0, 0,
      "set an nbdkit plugin's debug flag NAME_debug_FLAG"},
+    {CO_CACHE, ID_CACHE, "cache", "MODE", 0, 0,
+     "the image's cache mode, as qemu-nbd's:\n"
+     "writeback (default: the host page cache), none\n"
+     "(O_DIRECT, flush = fdatasync), writethrough\n"
+     "(every write FUA), directsync (both), unsafe\n"
+     "(flushes ignored)"},
     {CO_L2_CACHE, ID_L2_CACHE, "l2-cache-size", "SIZE", 0, 0,
      "qcow2 L2 cache per image, at least 64K (default\n"
      "32M: maps 256G of 64k clusters)"},
@@ -177,6 +184,14 @@ static int l2_cache(struct cli_common *c, const struct shared_opt *t,
   return 1;
 }
 
+static int cache_mode(struct cli_common *c, const struct shared_opt *t,
+                      const char *arg) {
+  if (bd_cache_parse(arg, &c->open.cache) < 0)
+    return bad(c, t, arg,
+               "none, writeback, writethrough, directsync or unsafe");
+  return 1;
+}
+
 static int replay_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   if (bd_parse_size(arg, &c->open.nbd_replay_limit) < 0)
@@ -218,6 +233,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_PLUGIN: c->plugin = arg; return 1;
   case 'D': return debug_flag(c, t, arg);
   case ID_L2_CACHE: return l2_cache(c, t, arg);
+  case ID_CACHE: return cache_mode(c, t, arg);
   case ID_COPY_ON_READ: c->open.flags |= BD_OPEN_COPY_ON_READ; return 1;
   case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
   case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);

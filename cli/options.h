@@ -28,6 +28,7 @@ enum {
   CO_LOG = 1u << 6,      /* -v, --log-level LEVEL, --syslog */
   CO_PID_FILE = 1u << 7, /* -P, --pid-file FILE */
   CO_RBD = 1u << 8,      /* --rbd-timeout SECONDS, --rbd-lock MODE */
+  CO_CACHE = 1u << 9,    /* --cache MODE (enum bd_cache) */
 };
 
 #define CLI_MAX_DEBUG_FLAGS 64

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "disk.h"
 #include "pool.h"
 
 /* ---- sizes ---- */
@@ -208,6 +209,22 @@ static const struct bd_format *format_of(const char *spec,
   return NULL;
 }
 
+/* A source that takes aligned requests only gets the core's aligner. */
+static int start_aligner(struct bd *bd) {
+  struct disk *d = malloc(sizeof *d);
+  if (!d) {
+    bd_set_error("%s: out of memory", bd->description);
+    return -ENOMEM;
+  }
+  int r = disk_init(d, bd);
+  if (r < 0) {
+    free(d);
+    return r;
+  }
+  bd->aligner = d;
+  return 0;
+}
+
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   struct bd_open_opts opts = BD_OPEN_OPTS_INIT;
   if (o)
@@ -223,7 +240,58 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   struct bd *bd = f ? f->open(spec, &opts) : NULL;
   if (bd && (opts.flags & BD_OPEN_READONLY))
     bd->caps.readonly = true;
+  if (bd)
+    bd->cache = opts.cache;
+  if (bd && bd->caps.aligned_only && bd->caps.min_block > 1 &&
+      start_aligner(bd) < 0) {
+    bd_close(bd);
+    return NULL;
+  }
   return bd;
+}
+
+static const char *const cache_names[] = {
+    [BD_CACHE_WRITEBACK] = "writeback",
+    [BD_CACHE_NONE] = "none",
+    [BD_CACHE_WRITETHROUGH] = "writethrough",
+    [BD_CACHE_DIRECTSYNC] = "directsync",
+    [BD_CACHE_UNSAFE] = "unsafe",
+};
+
+int bd_cache_parse(const char *name, enum bd_cache *out) {
+  for (size_t i = 0; i < sizeof cache_names / sizeof *cache_names; i++)
+    if (strcmp(name, cache_names[i]) == 0) {
+      *out = (enum bd_cache)i;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+const char *bd_cache_name(enum bd_cache mode) {
+  return (unsigned)mode < sizeof cache_names / sizeof *cache_names
+             ? cache_names[mode]
+             : "?";
+}
+
+bool bd_cache_direct(enum bd_cache mode) {
+  return mode == BD_CACHE_NONE || mode == BD_CACHE_DIRECTSYNC;
+}
+
+/* The cache mode's promise for REQ (enum bd_cache): writes made FUA in
+ * writethrough and directsync, flushes and FUA dropped in unsafe.
+ * Returns true when REQ is finished already (an ignored flush). */
+static bool apply_cache_mode(struct bd *bd, struct bd_req *req) {
+  switch (bd->cache) {
+  case BD_CACHE_WRITETHROUGH:
+  case BD_CACHE_DIRECTSYNC:
+    if (req->cmd == BD_WRITE || req->cmd == BD_ZERO)
+      req->flags |= BD_F_FUA;
+    return false;
+  case BD_CACHE_UNSAFE:
+    req->flags &= ~(uint32_t)BD_F_FUA;
+    return req->cmd == BD_FLUSH;
+  default: return false;
+  }
 }
 
 struct bd *bd_open(const char *spec, const char *format, bool readonly) {
@@ -270,6 +338,10 @@ int bd_close(struct bd *bd) {
   bd_conn_close(bd, bd->default_conn);
   if (bd->ops->close)
     bd->ops->close(bd);
+  if (bd->aligner) {
+    disk_fini(bd->aligner);
+    free(bd->aligner);
+  }
   pthread_cond_destroy(&bd->conn_cond);
   pthread_mutex_destroy(&bd->conn_lock);
   pthread_mutex_destroy(&bd->serial_lock);
@@ -568,6 +640,15 @@ int bd_execute(struct bd *bd, struct bd_req *req) {
 
 void bd_submit(struct bd *bd, struct bd_req *req) {
   req->bd = bd;
+  if (apply_cache_mode(bd, req)) {
+    req->done(req, 0);
+    return;
+  }
+  if (disk_wants(bd, req)) {
+    disk_submit_for(bd, req);
+    return;
+  }
+  req->flags &= ~BD_F_ALIGNED;
   switch (bd->exec) {
   case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
   case BD_EXEC_POOL:
@@ -647,8 +728,48 @@ static void sync_done(struct bd_req *req, int err) {
   pthread_mutex_unlock(&s->lock);
 }
 
+/* An unaligned read of an aligned-only device, run in the calling thread:
+ * the aligned range around it into a bounce, then the part asked for. */
+static int read_widened(struct bd *bd, struct bd_req *req) {
+  uint32_t a = bd->caps.min_block;
+  uint64_t s = req->offset - req->offset % a;
+  uint64_t e = req->offset + req->length;
+  e = e % a ? e + (a - e % a) : e;
+  if (e > bd->size)
+    e = bd->size; /* the device reads its unaligned last block itself */
+  void *b = NULL;
+  if (e - s > BD_MAX_IO || posix_memalign(&b, 4096, e - s) != 0)
+    return disk_run_for(bd, req);
+  struct bd_req w = {.cmd = BD_READ,
+                     .offset = s,
+                     .length = e - s,
+                     .buf = b,
+                     .conn = req->conn,
+                     .bd = bd};
+  int r = bd_execute(bd, &w);
+  if (r == 0)
+    memcpy(req->buf, (uint8_t *)b + (req->offset - s), req->length);
+  free(b);
+  return r;
+}
+
 int bd_run(struct bd *bd, struct bd_req *req) {
   req->bd = bd;
+  if (apply_cache_mode(bd, req))
+    return 0;
+  /* Synchronous callers (the image tools, a format reading its backing
+   * file from a worker) go through the aligner only for a range it must
+   * widen.  A read is widened here, in the calling thread: waiting in the
+   * aligner for pieces that need workers could starve the pool when the
+   * caller is a worker. */
+  if (bd->aligner && !(req->flags & BD_F_ALIGNED) &&
+      (req->offset | req->length) % bd->caps.min_block) {
+    if (req->cmd == BD_READ && bd->exec != BD_EXEC_ASYNC)
+      return read_widened(bd, req);
+    if (req->cmd == BD_READ || req->cmd == BD_WRITE || req->cmd == BD_ZERO)
+      return disk_run_for(bd, req);
+  }
+  req->flags &= ~BD_F_ALIGNED;
   if (bd->exec != BD_EXEC_ASYNC)
     return bd_execute(bd, req);
   struct sync_req s = {.req = *req, .done = false};

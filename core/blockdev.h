@@ -51,6 +51,9 @@ enum bd_cmd {
 #define BD_F_FAST_ZERO 0x4u /* zero: fail with -ENOTSUP unless fast */
 #define BD_F_REQ_ONE 0x8u   /* block status: one extent is enough */
 #define BD_F_COMPRESS 0x10u /* write: store compressed where the format can */
+/* Set by core/disk.c on the requests it makes: aligned to the minimum
+ * block, and (writes) under its range lock. */
+#define BD_F_ALIGNED 0x80000000u
 
 /* Extent flags (the same meaning as NBD base:allocation). */
 #define BD_EXT_HOLE 0x1u /* not allocated in any layer */
@@ -96,6 +99,9 @@ struct bd_caps {
    * worth retrying where a front end cannot report it (a mount's
    * partition table).  Off in bd_caps_full(): a local file's EIO stays. */
   bool transient_eio;
+  /* Requests not aligned to min_block fail (a file opened with O_DIRECT):
+   * the core aligns them (core/disk.c), so users may send any range. */
+  bool aligned_only;
   uint32_t min_block, pref_block, max_block;
 };
 
@@ -190,6 +196,32 @@ int bd_export_list_add(struct bd_export_list *l, const char *name,
                        const char *description);
 void bd_export_list_free(struct bd_export_list *l);
 
+/* How a source uses the host's page cache and honours flushes: QEMU's
+ * cache modes (qemu-nbd --cache, -drive cache=), with its meanings.
+ *
+ *   mode          page cache      every write   flush
+ *   writeback     used            as asked      fdatasync  (the default)
+ *   none          bypassed        as asked      fdatasync
+ *   writethrough  used            FUA           fdatasync
+ *   directsync    bypassed        FUA           fdatasync
+ *   unsafe        used            as asked      ignored
+ *
+ * "Bypassed" is O_DIRECT for a local file; a source without a page cache
+ * in this process (NBD, RBD, a plugin, memory) has nothing to bypass.  The
+ * FUA and flush columns apply to every source, in bd_submit(). */
+enum bd_cache {
+  BD_CACHE_WRITEBACK,
+  BD_CACHE_NONE,
+  BD_CACHE_WRITETHROUGH,
+  BD_CACHE_DIRECTSYNC,
+  BD_CACHE_UNSAFE,
+};
+/* "none", ... -> *OUT: 0, or -EINVAL for a name that is not a mode. */
+int bd_cache_parse(const char *name, enum bd_cache *out);
+const char *bd_cache_name(enum bd_cache mode);
+/* Does MODE bypass the page cache (O_DIRECT)? */
+bool bd_cache_direct(enum bd_cache mode);
+
 struct bd {
   const struct bd_ops *ops;
   void *priv;
@@ -205,6 +237,8 @@ struct bd {
   pthread_cond_t conn_cond; /* signalled when a connection closes */
   unsigned nconns;
   struct bd_conn *default_conn; /* opened on first use by conn == NULL */
+  enum bd_cache cache;          /* set by bd_open_with() */
+  struct disk *aligner;         /* caps.aligned_only: see core/disk.h */
 };
 
 typedef void bd_done_fn(struct bd_req *req, int err);
@@ -252,6 +286,7 @@ enum {
 struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
 /* bd_open_flags() with BD_OPEN_READONLY when READONLY. */
 struct bd *bd_open(const char *spec, const char *format, bool readonly);
+
 /* Everything a command line or a config file can say about how to open a
  * source.  Start from BD_OPEN_OPTS_INIT; unset fields keep the defaults. */
 struct bd_open_opts {
@@ -259,6 +294,7 @@ struct bd_open_opts {
   unsigned flags;     /* BD_OPEN_* */
   /* L2 cache of a qcow2 image, bytes; 0: the default (32 MiB). */
   uint64_t qcow2_l2_cache;
+  enum bd_cache cache; /* see enum bd_cache; 0: writeback */
   /* Connections of an NBD source: 0 means 4 when the server advertises
    * multi-conn, otherwise 1 (at most 16). */
   unsigned nbd_connections;

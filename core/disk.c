@@ -35,6 +35,13 @@ static uint64_t align_up(const struct disk *d, uint64_t x) {
   return up < d->size ? up : (x > d->size ? x : d->size);
 }
 
+/* Bounce buffers start on a page, so that a device reading or writing
+ * with O_DIRECT takes them as they are. */
+static uint8_t *bounce_alloc(size_t len) {
+  void *p = NULL;
+  return posix_memalign(&p, 4096, len ? len : 1) == 0 ? p : NULL;
+}
+
 /* ---- range locks (align > 1 only) ---- */
 
 static bool overlaps(const struct disk_req *a, const struct disk_req *b) {
@@ -123,7 +130,7 @@ static void one_done(struct bd_req *req, int err) {
 
 static void submit_one(struct disk_req *r, uint64_t off, uint64_t len) {
   r->one = (struct bd_req){.cmd = r->cmd,
-                           .flags = r->flags,
+                           .flags = r->flags | BD_F_ALIGNED,
                            .offset = off,
                            .length = len,
                            .buf = r->buf,
@@ -187,13 +194,14 @@ static void plan_add(struct disk_req *r, enum bd_cmd cmd, uint32_t flags,
   bool split = cmd == BD_READ || cmd == BD_WRITE;
   while (len > 0) {
     uint64_t n = split && len > r->disk->maxio ? r->disk->maxio : len;
-    r->pieces[r->npieces++] = (struct disk_piece){.req = {.cmd = cmd,
-                                                          .flags = flags,
-                                                          .offset = off,
-                                                          .length = n,
-                                                          .buf = buf,
-                                                          .done = piece_done},
-                                                  .r = r};
+    r->pieces[r->npieces++] =
+        (struct disk_piece){.req = {.cmd = cmd,
+                                    .flags = flags | BD_F_ALIGNED,
+                                    .offset = off,
+                                    .length = n,
+                                    .buf = buf,
+                                    .done = piece_done},
+                            .r = r};
     off += n;
     len -= n;
     if (buf)
@@ -225,7 +233,7 @@ static void read_start(struct disk *d, struct disk_req *r) {
   enum phase ph = PH_PIECES;
   if (!aligned) {
     r->lstart = s;
-    r->bounce = malloc(e - s);
+    r->bounce = bounce_alloc(e - s);
     dst = r->bounce;
     ph = PH_READ_BOUNCE;
   }
@@ -285,7 +293,7 @@ static void write_start(struct disk *d, struct disk_req *r) {
   }
   /* Read the partial blocks first. */
   size_t blen = r->cmd == BD_WRITE ? r->lend - r->lstart : 2 * d->align;
-  r->bounce = malloc(blen);
+  r->bounce = bounce_alloc(blen);
   if (!r->bounce || plan(r, PH_RMW_READ, 2) < 0) {
     finish(r, -ENOMEM);
     return;
@@ -438,4 +446,57 @@ int disk_pread(struct disk *d, void *buf, uint64_t len, uint64_t off) {
   struct disk_req r = {
       .cmd = BD_READ, .offset = off, .length = len, .buf = buf};
   return disk_run(d, &r);
+}
+
+/* ---- the core's aligner: a device that takes aligned requests only ---- */
+
+struct aligned {
+  struct disk_req r; /* first: the completion finds the rest */
+  struct bd_req *orig;
+};
+
+bool disk_wants(const struct bd *bd, const struct bd_req *req) {
+  const struct disk *d = bd->aligner;
+  if (!d || (req->flags & BD_F_ALIGNED))
+    return false;
+  switch (req->cmd) {
+  case BD_WRITE:
+  case BD_ZERO: return true; /* all of them: under the range lock */
+  case BD_READ:
+    return (req->offset | req->length) % d->align != 0 ||
+           req->length > d->maxio;
+  default: return false; /* trim, block status and flush take any range */
+  }
+}
+
+static void aligned_done(struct disk_req *r, int err) {
+  struct aligned *a = (struct aligned *)r;
+  struct bd_req *orig = a->orig;
+  free(a);
+  orig->done(orig, err);
+}
+
+void disk_submit_for(struct bd *bd, struct bd_req *req) {
+  struct aligned *a = malloc(sizeof *a);
+  if (!a) {
+    req->done(req, -ENOMEM);
+    return;
+  }
+  a->orig = req;
+  a->r = (struct disk_req){.cmd = req->cmd,
+                           .flags = req->flags,
+                           .offset = req->offset,
+                           .length = req->length,
+                           .buf = req->buf,
+                           .done = aligned_done};
+  disk_submit(bd->aligner, &a->r);
+}
+
+int disk_run_for(struct bd *bd, struct bd_req *req) {
+  struct disk_req r = {.cmd = req->cmd,
+                       .flags = req->flags,
+                       .offset = req->offset,
+                       .length = req->length,
+                       .buf = req->buf};
+  return disk_run(bd->aligner, &r);
 }

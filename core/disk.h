@@ -78,6 +78,12 @@ void disk_fini(struct disk *d);
 void disk_submit(struct disk *d, struct disk_req *r);
 /* Run a request to completion in the calling thread: 0 or -errno. */
 int disk_run(struct disk *d, struct disk_req *r);
+
+/* The core's own aligner (struct bd's aligner, for sources that set
+ * caps.aligned_only): does REQ need it, and run REQ through it. */
+bool disk_wants(const struct bd *bd, const struct bd_req *req);
+void disk_submit_for(struct bd *bd, struct bd_req *req);
+int disk_run_for(struct bd *bd, struct bd_req *req);
 int disk_pread(struct disk *d, void *buf, uint64_t len, uint64_t off);
 
 #endif

@@ -2,8 +2,13 @@
 #include "io.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fault.h"
@@ -64,4 +69,78 @@ int io_fdatasync(int fd) {
   if (f < 0)
     return f;
   return fdatasync(fd) < 0 ? -errno : 0;
+}
+
+void io_dio_alignment(int fd, uint32_t *off, uint32_t *mem) {
+  struct statx sx;
+  struct stat st;
+  *off = *mem = 4096; /* where nothing says: a multiple of every sector */
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 0) {
+    *off = sx.stx_dio_offset_align;
+    *mem = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : *off;
+    return;
+  }
+  int ssz = 0;
+  if (fstat(fd, &st) == 0 && S_ISBLK(st.st_mode) &&
+      ioctl(fd, BLKSSZGET, &ssz) == 0 && ssz > 0)
+    *off = *mem = (uint32_t)ssz;
+}
+
+/* BUF itself when it sits on a multiple of MEM, else a page-aligned copy
+ * of LEN bytes (copied from BUF when COPY).  NULL: out of memory. */
+static void *dio_buffer(const void *buf, size_t len, uint32_t mem, bool copy) {
+  if ((uintptr_t)buf % mem == 0)
+    return (void *)buf;
+  void *b = NULL;
+  if (posix_memalign(&b, 4096, len ? len : 1) != 0)
+    return NULL;
+  if (copy)
+    memcpy(b, buf, len);
+  return b;
+}
+
+int io_dio_pread(int fd, void *buf, size_t len, uint64_t off, uint32_t mem) {
+  int f = fault_check(FAULT_READ, off, len);
+  if (f < 0)
+    return f;
+  uint8_t *b = dio_buffer(buf, len, mem, false);
+  if (!b)
+    return -ENOMEM;
+  size_t done = 0;
+  int r = 0;
+  while (done < len) {
+    ssize_t n = pread(fd, b + done, len - done, (off_t)(off + done));
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0) {
+      r = -errno;
+      break;
+    }
+    bool short_read = (size_t)n < len - done;
+    done += (size_t)n;
+    /* Short: the end of the file, which need not be aligned, and a
+     * second read from there would be refused. */
+    if (short_read) {
+      memset(b + done, 0, len - done);
+      break;
+    }
+  }
+  if (b != (uint8_t *)buf) {
+    if (r == 0)
+      memcpy(buf, b, len);
+    free(b);
+  }
+  return r;
+}
+
+int io_dio_pwrite(int fd, const void *buf, size_t len, uint64_t off,
+                  uint32_t mem) {
+  void *b = dio_buffer(buf, len, mem, true);
+  if (!b)
+    return -ENOMEM;
+  int r = io_pwrite_all(fd, b, len, off);
+  if (b != buf)
+    free(b);
+  return r;
 }

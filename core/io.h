@@ -15,6 +15,17 @@ int io_pread_zero(int fd, void *buf, size_t len, uint64_t off);
 int io_pread_exact(int fd, void *buf, size_t len, uint64_t off);
 /* fdatasync.  Returns 0 or -errno. */
 int io_fdatasync(int fd);
-/* All three go through fault_check() (core/fault.h). */
+/* All of them go through fault_check() (core/fault.h). */
+
+/* The alignment O_DIRECT needs on FD: of file offsets and lengths (*OFF)
+ * and of memory (*MEM).  From statx(STATX_DIOALIGN), a device's logical
+ * block size, or 4096 where neither says. */
+void io_dio_alignment(int fd, uint32_t *off, uint32_t *mem);
+/* io_pread_zero() and io_pwrite_all() on an O_DIRECT descriptor: OFF and
+ * LEN aligned, BUF anywhere (an aligned bounce is used when it is not on
+ * a multiple of MEM). */
+int io_dio_pread(int fd, void *buf, size_t len, uint64_t off, uint32_t mem);
+int io_dio_pwrite(int fd, const void *buf, size_t len, uint64_t off,
+                  uint32_t mem);
 
 #endif

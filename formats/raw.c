@@ -7,13 +7,24 @@
  * locks it (core/filelock.h).  A raw format guessed by probing guards its
  * first sector: a write, zero or trim there that would make the next probe
  * find another format (a guest writing a qcow2 header that names a host
- * file as its backing file) fails with EPERM, as in QEMU. */
+ * file as its backing file) fails with EPERM, as in QEMU.
+ *
+ * --cache none and directsync open the file with O_DIRECT.  The alignment
+ * it then needs (statx STATX_DIOALIGN, a device's logical block size, or
+ * 4096 when neither says) becomes the minimum block, and the core aligns
+ * every request to it (caps.aligned_only, core/disk.c).  What is left
+ * here: a caller's buffer that is not aligned in memory goes through an
+ * aligned bounce, and the last block of a file whose size is not a
+ * multiple of the alignment goes through a second, buffered descriptor
+ * (an O_DIRECT write of the whole block would grow the file). */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -37,12 +48,38 @@ struct rawdev {
   bool guard_head;                /* probed as raw: guard the first sector */
   enum filelock_use lock;         /* how the file is locked */
   pthread_mutex_t head_lock;      /* one guarded change at a time */
+  /* O_DIRECT (--cache none, directsync). */
+  bool direct;
+  uint32_t mem_align;  /* buffers start on a multiple of this */
+  uint64_t tail_start; /* the size rounded down to the alignment */
+  int bfd;             /* buffered, for [tail_start, size); -1: none */
 };
+
+/* A read or write in direct mode: the aligned part with O_DIRECT, the
+ * unaligned tail of the file through the buffered descriptor. */
+static int dio_rw(struct rawdev *r, bool write, void *buf, uint64_t len,
+                  uint64_t off) {
+  uint64_t end = off + len;
+  uint64_t mid = end < r->tail_start ? end : r->tail_start;
+  int e = 0;
+  if (off < mid)
+    e = write
+            ? io_dio_pwrite(r->fd, buf, (size_t)(mid - off), off, r->mem_align)
+            : io_dio_pread(r->fd, buf, (size_t)(mid - off), off, r->mem_align);
+  if (e == 0 && end > r->tail_start) {
+    uint64_t s = off > r->tail_start ? off : r->tail_start;
+    uint8_t *p = (uint8_t *)buf + (s - off);
+    e = write ? io_pwrite_all(r->bfd, p, (size_t)(end - s), s)
+              : io_pread_zero(r->bfd, p, (size_t)(end - s), s);
+  }
+  return e;
+}
 
 static int raw_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   struct rawdev *r = bd->priv;
   /* A file that shrank under us reads as zeroes past its end. */
-  int e = io_pread_zero(r->fd, buf, len, off);
+  int e = r->direct ? dio_rw(r, false, buf, len, off)
+                    : io_pread_zero(r->fd, buf, len, off);
   if (e < 0)
     bd_set_error("raw: read at %llu: %s", (unsigned long long)off,
                  strerror(-e));
@@ -60,7 +97,8 @@ static int raw_flush(struct bd *bd) {
 static int raw_pwrite(struct bd *bd, const void *buf, uint64_t len,
                       uint64_t off, uint32_t flags) {
   struct rawdev *r = bd->priv;
-  int e = io_pwrite_all(r->fd, buf, len, off);
+  int e = r->direct ? dio_rw(r, true, (void *)buf, len, off)
+                    : io_pwrite_all(r->fd, buf, len, off);
   if (e < 0) {
     bd_set_error("raw: write at %llu: %s", (unsigned long long)off,
                  strerror(-e));
@@ -258,8 +296,9 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
   struct rawdev *r = bd->priv;
   struct iovec iov = {req->buf, req->length};
   ssize_t n;
-  if (fault_active())
-    return -EAGAIN; /* the pool path checks for injected faults */
+  if (fault_active() || r->direct)
+    return -EAGAIN; /* the pool path checks for injected faults; direct
+                     * I/O always waits for the device */
   if (req->cmd != BD_READ && touches_head(r, req->offset))
     return -EAGAIN; /* the guard reads and may wait */
   if (req->cmd == BD_READ) {
@@ -280,6 +319,8 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
 static void raw_close(struct bd *bd) {
   struct rawdev *r = bd->priv;
   close(r->fd); /* releases the locks */
+  if (r->bfd >= 0)
+    close(r->bfd);
   pthread_mutex_destroy(&r->head_lock);
   free(r);
 }
@@ -312,10 +353,42 @@ static enum filelock_use lock_use(unsigned flags) {
   return flags & BD_OPEN_READONLY ? FILELOCK_USE_READ : FILELOCK_USE_WRITE;
 }
 
+/* --cache none / directsync: the alignment, and the buffered descriptor
+ * for an unaligned tail.  0 or -1 with a message. */
+static int setup_direct(struct rawdev *r, const char *path, bool readonly,
+                        uint64_t size) {
+  uint32_t off, mem;
+  io_dio_alignment(r->fd, &off, &mem);
+  if (off > 64 * 1024 || (off & (off - 1)) || !mem || (mem & (mem - 1))) {
+    bd_set_error("%s: unusable direct I/O alignment %u (memory %u)", path, off,
+                 mem);
+    return -1;
+  }
+  r->direct = true;
+  r->mem_align = mem;
+  r->tail_start = size - size % off;
+  r->bfd = -1;
+  if (r->tail_start < size &&
+      (r->bfd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC)) < 0) {
+    bd_set_error("%s: %s", path, strerror(errno));
+    return -1;
+  }
+  log_debug("%s: direct I/O, alignment %u, memory %u", path, off, mem);
+  return (int)off;
+}
+
 struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
   unsigned flags = o->flags;
   bool readonly = flags & (BD_OPEN_READONLY | BD_OPEN_SHARE);
-  int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  bool direct = bd_cache_direct(o->cache);
+  int fd = open(path, (readonly ? O_RDONLY : O_RDWR) | O_CLOEXEC |
+                          (direct ? O_DIRECT : 0));
+  if (fd < 0 && direct && errno == EINVAL) {
+    bd_set_error("%s: the file system refuses direct I/O (O_DIRECT), which "
+                 "--cache %s needs; use --cache writeback or writethrough",
+                 path, bd_cache_name(o->cache));
+    return NULL;
+  }
   if (fd < 0) {
     bd_set_error("%s: %s", path, strerror(errno));
     return NULL;
@@ -343,11 +416,21 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
     return NULL;
   }
   r->fd = fd;
+  r->bfd = -1;
   r->lock = lock;
   r->is_block = S_ISBLK(st.st_mode);
   r->can_punch = r->can_zero_range = true;
   atomic_init(&r->nowait_writes, true);
   pthread_mutex_init(&r->head_lock, NULL);
+  int align = direct ? setup_direct(r, path, readonly, (uint64_t)size) : 0;
+  if (align < 0) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", bd_errmsg());
+    bd->priv = r;
+    bd_close(bd);
+    bd_set_error("%s", msg);
+    return NULL;
+  }
   r->guard_head = !readonly && (flags & BD_OPEN_PROBED);
   if (r->guard_head)
     log_warn("%s: the image format was not given and probing guessed raw; "
@@ -359,5 +442,10 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
   bd->exec = BD_EXEC_POOL;
   bd->caps.readonly = readonly;
   bd->caps.can_extents = !r->is_block; /* no SEEK_DATA on devices */
+  if (align > 1) {
+    bd->caps.min_block = (uint32_t)align;
+    bd->caps.pref_block = align > 4096 ? (uint32_t)align : 4096;
+    bd->caps.aligned_only = true;
+  }
   return bd;
 }

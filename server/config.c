@@ -23,12 +23,13 @@ enum key {
   K_REQUIRE_TLS,
   K_ALLOW,
   K_DEFAULT,
+  K_CACHE,
   NKEYS
 };
 
 static const char *const key_names[NKEYS] = {
     "path",        "format", "description", "read-only",
-    "require-tls", "allow",  "default"};
+    "require-tls", "allow",  "default",     "cache"};
 
 /* Names an operator may reach for, and the key they mean. */
 static const struct {
@@ -405,6 +406,16 @@ static int set_description(struct parser *p, struct export_conf *e, char **v) {
   return 0;
 }
 
+static int set_cache(struct parser *p, struct export_conf *e, char **v) {
+  if (bd_cache_parse(*v, &e->cache) < 0)
+    return fail(p, p->line,
+                "cache: '%s' is not none, writeback, writethrough, "
+                "directsync or unsafe%s",
+                show(str_span(*v)).s, comment_hint(*v));
+  e->has_cache = true;
+  return 0;
+}
+
 static int set_read_only(struct parser *p, struct export_conf *e, char **v) {
   return parse_bool(p, K_READ_ONLY, *v, &e->readonly);
 }
@@ -475,7 +486,8 @@ static setter *const setters[NKEYS] = {[K_PATH] = set_path,
                                        [K_READ_ONLY] = set_read_only,
                                        [K_REQUIRE_TLS] = set_require_tls,
                                        [K_ALLOW] = set_allow,
-                                       [K_DEFAULT] = set_default};
+                                       [K_DEFAULT] = set_default,
+                                       [K_CACHE] = set_cache};
 
 /* Edit distance between A and B, both at most 32 bytes. */
 static size_t distance(const char *a, const char *b) {
@@ -542,7 +554,7 @@ static int unknown_key(struct parser *p, struct span key) {
                 show(key).s, hint);
   return fail(p, p->line,
               "unknown key '%s' (keys: path, format, description, read-only, "
-              "require-tls, allow, default)",
+              "require-tls, allow, default, cache)",
               show(key).s);
 }
 

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "access.h"
+#include "core/blockdev.h"
 
 /* Limits of the format. */
 #define CONFIG_MAX_NAME 4096       /* bytes in an export name (NBD's limit) */
@@ -23,7 +24,9 @@ struct export_conf {
   char *description; /* NULL: none given */
   bool readonly;
   bool tls_required;
-  bool is_default;        /* also the default export "" */
+  bool is_default; /* also the default export "" */
+  bool has_cache;  /* cache was given: it overrides --cache */
+  enum bd_cache cache;
   struct acl_rule *allow; /* TCP clients admitted; nallow == 0: everyone */
   size_t nallow;
   unsigned line; /* line of its [export] header, for messages */

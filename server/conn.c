@@ -298,7 +298,9 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
   if (n->bufcap >= len)
     return true;
   free(n->buf);
-  n->buf = malloc(len ? len : 1);
+  /* Page aligned: an image opened with O_DIRECT takes it without a copy. */
+  void *b = NULL;
+  n->buf = posix_memalign(&b, 4096, len ? len : 1) == 0 ? b : NULL;
   n->bufcap = n->buf ? len : 0;
   return n->buf != NULL;
 }

@@ -123,7 +123,12 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   struct server *srv = b->srv;
   pthread_mutex_lock(&srv->lock);
   struct device *d = device_find(srv, key);
-  bool other_fmt = d && fmt && strcmp(fmt, d->bd->format);
+  enum bd_cache mode = c->has_cache ? c->cache
+                       : b->open    ? b->open->cache
+                                    : BD_CACHE_WRITEBACK;
+  /* Another format or cache mode is another opening of the image. */
+  bool other_fmt =
+      d && ((fmt && strcmp(fmt, d->bd->format)) || mode != d->bd->cache);
   bool need_rw = d && rw && d->bd->caps.readonly;
   bool busy = d && d->conns > 0;
   bool downgrade = d && !rw && !d->bd->caps.readonly && !busy;
@@ -134,8 +139,8 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   *out = keep ? d : NULL;
   *replace = d && !busy && !keep ? d : NULL;
   if (busy && other_fmt)
-    return fail(b, c, "%s is open as %s for connected clients", c->path,
-                d->bd->format);
+    return fail(b, c, "%s is open as %s with --cache %s for connected clients",
+                c->path, d->bd->format, bd_cache_name(d->bd->cache));
   if (busy && need_rw)
     return fail(b, c,
                 "%s is open read-only for connected clients; it can be "
@@ -176,6 +181,8 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   if (b->open)
     oo = *b->open;
   oo.format = fmt;
+  if (c->has_cache)
+    oo.cache = c->cache;
   oo.flags = (rw ? 0 : BD_OPEN_READONLY) |
              (b->o->share && !rw ? BD_OPEN_SHARE : 0) |
              (oo.flags & BD_OPEN_COPY_ON_READ);
@@ -205,6 +212,19 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
 
 /* What the handshake tells clients about export E: what its device can
  * do (an nbdkit plugin may lack flush, FUA or trim). */
+
+/* The minimum block clients are told.  A device the core aligns for
+ * (direct I/O) takes any range, but a client honouring the minimum does
+ * its own read-modify-write, which is cheaper; only an export whose size
+ * is not a multiple of it says 1, since a client aligning its last block
+ * would ask past the end (QEMU 7.2 does). */
+static uint32_t advertised_min(const struct bd *bd) {
+  uint32_t m = bd->caps.min_block ? bd->caps.min_block : 1;
+  if (bd->caps.aligned_only && bd->size % m != 0)
+    return 1;
+  return m;
+}
+
 static struct hs_export hs_export_of(const struct export *e) {
   const struct bd *bd = e->dev->bd;
   const struct bd_caps *cp = &bd->caps;
@@ -224,7 +244,7 @@ static struct hs_export hs_export_of(const struct export *e) {
       .description = e->description ? e->description : bd->description,
       .size = bd->size,
       .tflags = f,
-      .min_block = cp->min_block,
+      .min_block = advertised_min(bd),
       .pref_block = cp->pref_block,
       .max_block = cp->max_block,
       .tls_required = e->tls_required,

@@ -19,6 +19,10 @@ struct qcow2_bitmaps;
 struct qcow2dev {
   int fd;      /* the image */
   int data_fd; /* guest data: the image, or an external data file */
+  /* --cache none / directsync: data_fd opened again with O_DIRECT, for
+   * guest data (metadata stays in the page cache); -1 otherwise. */
+  int dio_fd;
+  uint32_t dio_align, dio_mem; /* what it needs: file offsets, memory */
   uint64_t file_size, data_size;
   struct qcow2_header h;
   struct qcow2_geom g;
@@ -162,5 +166,12 @@ int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
 int qcow2_flush(struct bd *bd);
 int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
                            uint64_t off);
+
+/* Guest data at HOST in the data file: with O_DIRECT where the range is
+ * aligned for it (dio_fd), through the page cache otherwise. */
+int qcow2_data_pread(struct qcow2dev *q, void *buf, uint64_t len,
+                     uint64_t host);
+int qcow2_data_pwrite(struct qcow2dev *q, const void *buf, uint64_t len,
+                      uint64_t host);
 
 #endif

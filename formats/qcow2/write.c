@@ -361,14 +361,14 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
      * write only the new bytes. */
     r = qcow2_guard_data(q, host + in, n);
     if (r == 0)
-      r = io_pwrite_all(q->data_fd, buf, n, host + in);
+      r = qcow2_data_pwrite(q, buf, n, host + in);
   } else if (r == 0) {
     uint8_t *data = malloc(q->csize);
     r = data ? build_cluster(q, cluster, in, buf, n, data) : -ENOMEM;
     if (r == 0)
       r = qcow2_guard_data(q, host, q->csize);
     if (r == 0)
-      r = io_pwrite_all(q->data_fd, data, q->csize, host);
+      r = qcow2_data_pwrite(q, data, q->csize, host);
     free(data);
   }
   bool data_failed = data_phase && r < 0;
@@ -468,7 +468,7 @@ static int subcluster_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   if (r == 0)
     r = qcow2_guard_data(q, host + lo, hi - lo);
   if (r == 0)
-    r = io_pwrite_all(q->data_fd, span, hi - lo, host + lo);
+    r = qcow2_data_pwrite(q, span, hi - lo, host + lo);
   free(span);
   bool data_failed = data_phase && r < 0;
 
@@ -520,9 +520,9 @@ static int write_cluster(struct qcow2dev *q, uint64_t cluster, uint32_t in,
     if (r < 0)
       return r;
     if (buf)
-      return io_pwrite_all(q->data_fd, buf, n, host);
+      return qcow2_data_pwrite(q, buf, n, host);
     uint8_t *z = calloc(1, n);
-    r = z ? io_pwrite_all(q->data_fd, z, n, host) : -ENOMEM;
+    r = z ? qcow2_data_pwrite(q, z, n, host) : -ENOMEM;
     free(z);
     return r;
   }
@@ -557,7 +557,7 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
       qcow2_guard_would_hit(q, host, len))
     return -EAGAIN;
   qcow2_bitmaps_mark(q, off, len);
-  return io_pwrite_all(q->data_fd, buf, len, host);
+  return qcow2_data_pwrite(q, buf, len, host);
 }
 
 /* Split [off, off+len) at cluster boundaries. */
@@ -783,7 +783,7 @@ static int zero_raw_data(struct qcow2dev *q, uint64_t len, uint64_t off) {
   int r = z ? 0 : -ENOMEM;
   for (uint64_t done = 0; r == 0 && done < len; done += 1u << 20) {
     uint64_t n = len - done < (1u << 20) ? len - done : (1u << 20);
-    r = io_pwrite_all(q->data_fd, z, n, off + done);
+    r = qcow2_data_pwrite(q, z, n, off + done);
   }
   free(z);
   return r;

@@ -10,9 +10,13 @@ require ss
 cd "$T"
 
 # The shared options' lines of CMD's --help, without mount's and vhost's
-# aliases and the default number of workers (which differs by design).
+# aliases, the default number of workers (which differs by design) and
+# --cache (mount's takes one more mode, page, for the mounted files).
 shared_help() {
     "$BLOCKPORT" "$1" --help | sed -n '/^  -f, --format/,/^  -h, --help/p' |
+        awk '/^      --cache MODE/ {skip = 1; next}
+             skip && /^  (-|    --)/ {skip = 0}
+             !skip' |
         grep -v -e '^  -C, --connections' -e '^      --timeout ' \
             -e '^  -h, --help' -e '^ *(default [0-9]*)$'
 }

@@ -608,3 +608,44 @@ Test(batch, a_batch_belongs_to_its_thread) {
   cr_assert_null(deferred, "another thread's completion was deferred");
   cr_assert_eq(a.runs, 0);
 }
+
+/* ---- cache modes ---- */
+
+Test(cache_mode, names_round_trip) {
+  const char *names[] = {"writeback", "none", "writethrough", "directsync",
+                         "unsafe"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    enum bd_cache m;
+    cr_assert_eq(bd_cache_parse(names[i], &m), 0, "%s", names[i]);
+    cr_assert_str_eq(bd_cache_name(m), names[i]);
+    cr_assert_eq(bd_cache_direct(m),
+                 m == BD_CACHE_NONE || m == BD_CACHE_DIRECTSYNC);
+  }
+  enum bd_cache m = BD_CACHE_UNSAFE;
+  cr_assert_eq(bd_cache_parse("None", &m), -EINVAL);
+  cr_assert_eq(bd_cache_parse("", &m), -EINVAL);
+  cr_assert_eq(bd_cache_parse("page", &m), -EINVAL);
+  cr_assert_eq(m, BD_CACHE_UNSAFE, "a refused name changed the mode");
+}
+
+/* writethrough makes writes FUA and unsafe drops FUA, as the request that
+ * reaches the source shows (flushes: test-cache-modes.sh, with strace). */
+Test(cache_mode, unsafe_drops_fua_writethrough_adds_it) {
+  struct bd_open_opts o = BD_OPEN_OPTS_INIT;
+  o.cache = BD_CACHE_UNSAFE;
+  struct bd *bd = bd_open_with("memory:1M", &o);
+  cr_assert_not_null(bd, "%s", bd_errmsg());
+  cr_assert_eq(bd->cache, BD_CACHE_UNSAFE);
+  struct bd_req f = {.cmd = BD_FLUSH};
+  cr_assert_eq(bd_run(bd, &f), 0);
+  struct bd_req w = {
+      .cmd = BD_WRITE, .flags = BD_F_FUA, .length = 512, .buf = calloc(1, 512)};
+  cr_assert_eq(bd_run(bd, &w), 0);
+  cr_assert_eq(w.flags & BD_F_FUA, 0, "unsafe kept FUA");
+  bd->cache = BD_CACHE_WRITETHROUGH;
+  w.flags = 0;
+  cr_assert_eq(bd_run(bd, &w), 0);
+  cr_assert_neq(w.flags & BD_F_FUA, 0, "writethrough did not add FUA");
+  free(w.buf);
+  bd_close(bd);
+}
