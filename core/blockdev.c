@@ -763,7 +763,8 @@ int bd_run(struct bd *bd, struct bd_req *req) {
    * aligner for pieces that need workers could starve the pool when the
    * caller is a worker. */
   if (bd->aligner && !(req->flags & BD_F_ALIGNED) &&
-      (req->offset | req->length) % bd->caps.min_block) {
+      (req->offset | req->length) % bd->caps.min_block &&
+      req->offset <= bd->size && req->length <= bd->size - req->offset) {
     if (req->cmd == BD_READ && bd->exec != BD_EXEC_ASYNC)
       return read_widened(bd, req);
     if (req->cmd == BD_READ || req->cmd == BD_WRITE || req->cmd == BD_ZERO)

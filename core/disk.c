@@ -459,6 +459,9 @@ bool disk_wants(const struct bd *bd, const struct bd_req *req) {
   const struct disk *d = bd->aligner;
   if (!d || (req->flags & BD_F_ALIGNED))
     return false;
+  /* Out of range: the core refuses it with its usual error. */
+  if (req->offset > bd->size || req->length > bd->size - req->offset)
+    return false;
   switch (req->cmd) {
   case BD_WRITE:
   case BD_ZERO: return true; /* all of them: under the range lock */

@@ -41,6 +41,9 @@ with open(shadow, "r+b") as f:
         f.seek(off)
         if h.pread(n, off) != f.read(n):
             sys.exit(f"read at {off}+{n} differs from the shadow")
+    h.pwrite(bytes(10), 3)  # the first sector: a probed raw image's guard
+    f.seek(3)
+    f.write(bytes(10))
     tail = size - 1
     h.pwrite(b"\x5a", tail)
     f.seek(tail)
@@ -198,7 +201,9 @@ if LOOP=$(losetup -f --show --sector-size 4096 "$(truncate -s 16M big && echo "$
     trap 'rc=$?; set +e; losetup -d "$LOOP"; (exit $rc); _cleanup' EXIT
     truncate -s 16M shadow4
     cp big shadow4
-    start_server -f raw --cache none "$LOOP"
+    # Probed, not -f raw: the guard of the first sector reads it, 512
+    # bytes, which direct I/O must widen to 4096.
+    start_server --cache none "$LOOP"
     got=$("$PY" unaligned.py "$URI" shadow4 "$SEED") || fail "loop device: $got"
     [[ $got == "min block 4096" ]] || fail "loop device: $got, expected min block 4096"
     stop_server
