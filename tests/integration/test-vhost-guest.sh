@@ -7,7 +7,8 @@
 # O_DIRECT from four processes, zeroes, discards, flushes, and a read-back
 # check.  Afterwards qemu-img check finds the image clean and qemu-img
 # compare finds it equal to what guest-blk produces on a plain file.
-# Runs: one queue; two queues; one queue with the NBD server restarted
+# Runs: one queue; vhost on the local image itself with --cache none
+# (O_DIRECT); two queues; one queue with the NBD server restarted
 # (SIGTERM) while the guest is writing; then the server killed (-9) mid-I/O
 # and restarted at once, three times, on raw and on qcow2 (whose metadata
 # the killed server still had dirty in its cache): no error reaches the
@@ -54,7 +55,7 @@ boot() {
 start_vhost() { # [OPTIONS...]
   rm -f vhost.sock
   "$BLOCKPORT" vhost --socket "$T/vhost.sock" --queues 2 --connections 4 \
-    --pid-file "$T/vhost.pid" "$@" "$URI" 2>>"$T/vhost.log" &
+    --pid-file "$T/vhost.pid" "$@" "${VSRC:-$URI}" 2>>"$T/vhost.log" &
   VHOST=$!
   track_pid $VHOST
   wait_until 5 test -S vhost.sock || fail "vhost socket never appeared"
@@ -154,6 +155,24 @@ one_run() {
 check "one queue: writes, zeroes, discards and flushes from a guest"
 one_run 1 11 200
 ok "guest verified; image clean and equal to the replay"
+
+check "vhost on a local qcow2 image with --cache none (O_DIRECT, no NBD)"
+rm -f disk.qcow2 console.log
+qemu-img create -f qcow2 disk.qcow2 256M >/dev/null
+make_guest 18 4 200
+VSRC=$T/disk.qcow2 start_vhost -f qcow2 --cache none
+direct=0
+for fd in /proc/"$VHOST"/fd/*; do
+  [[ $(readlink "$fd") == "$T/disk.qcow2" ]] &&
+    (($(awk '/^flags/ {print "8#" $2}' /proc/"$VHOST"/fdinfo/"${fd##*/}") & 8#40000)) &&
+    direct=1
+done
+((direct)) || fail "vhost did not open the image with O_DIRECT"
+boot 1 >out.txt
+grep -q "GUEST-BLK OK" out.txt || { cat out.txt; tail -20 vhost.log; fail "the guest saw errors"; }
+stop_vhost
+verify qcow2 18 4 200
+ok "guest verified on a local image served with O_DIRECT; image clean and equal"
 
 check "two queues"
 one_run 2 12 200
