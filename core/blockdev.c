@@ -250,33 +250,6 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   return bd;
 }
 
-static const char *const cache_names[] = {
-    [BD_CACHE_WRITEBACK] = "writeback",
-    [BD_CACHE_NONE] = "none",
-    [BD_CACHE_WRITETHROUGH] = "writethrough",
-    [BD_CACHE_DIRECTSYNC] = "directsync",
-    [BD_CACHE_UNSAFE] = "unsafe",
-};
-
-int bd_cache_parse(const char *name, enum bd_cache *out) {
-  for (size_t i = 0; i < sizeof cache_names / sizeof *cache_names; i++)
-    if (strcmp(name, cache_names[i]) == 0) {
-      *out = (enum bd_cache)i;
-      return 0;
-    }
-  return -EINVAL;
-}
-
-const char *bd_cache_name(enum bd_cache mode) {
-  return (unsigned)mode < sizeof cache_names / sizeof *cache_names
-             ? cache_names[mode]
-             : "?";
-}
-
-bool bd_cache_direct(enum bd_cache mode) {
-  return mode == BD_CACHE_NONE || mode == BD_CACHE_DIRECTSYNC;
-}
-
 /* The cache mode's promise for REQ (enum bd_cache): writes made FUA in
  * writethrough and directsync, flushes and FUA dropped in unsafe.
  * Returns true when REQ is finished already (an ignored flush). */
