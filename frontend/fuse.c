@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
-#include "core/log.h"
 #include "core/disk.h"
+#include "core/log.h"
 #include "fuse-flags.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"
