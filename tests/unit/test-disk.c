@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "core/blockdev.h"
-#include "core/pool.h"
 #include "core/disk.h"
+#include "core/pool.h"
 
 struct strict {
   uint8_t *data;
