@@ -80,8 +80,8 @@ class Env(tv.Env):
 
 
 def timed(fn):
-    """Run fn() on a thread; the result is (outcome, seconds) in a list
-    filled when it ends.  outcome: "ok" or an errno name."""
+    """Run fn() on a thread; the result is (outcome, seconds, start, end)
+    in a list filled when it ends.  outcome: "ok" or an errno name."""
     out = []
 
     def body():
@@ -91,16 +91,18 @@ def timed(fn):
             r = "ok"
         except OSError as e:
             r = errno.errorcode.get(e.errno, str(e.errno))
-        out.append((r, time.monotonic() - t))
+        end = time.monotonic()
+        out.append((r, end - t, t, end))
 
     th = threading.Thread(target=body, daemon=True)
     th.start()
     return th, out
 
 
-def judge(how, rnd, results):
+def judge(how, rnd, results, late=()):
     """results: {op: (outcome, seconds)}.  Every op failed with EIO within
-    the bound (and not early against a stopped server)."""
+    the bound (and not early against a stopped server, unless it is in
+    LATE: it reached blockport after the time-out had begun to run)."""
     desc = ", ".join("%s %s %.2f s" % (op, *results[op]) for op in results)
     print("#   %s, round %d: %s" % (how, rnd, desc))
     for op in results:
@@ -109,14 +111,19 @@ def judge(how, rnd, results):
         check(secs <= BOUND + MARGIN,
               "%s (%s, round %d) failed after %.2f s: bound %.1f + %.1f s"
               % (op, how, rnd, secs, BOUND, MARGIN))
-        if how == "stopped" and rnd == 1:
+        if how == "stopped" and rnd == 1 and op not in late:
             check(secs >= EARLY, "%s (%s, round %d) failed after only "
                   "%.2f s: the time-out is %.1f s" % (op, how, rnd, secs, TMO))
 
 
-def rounds(env, how, issue, groups=(OPS,)):
+def rounds(env, how, issue, groups=(OPS,), serial=None):
     """issue(op) -> a callable doing OP once (raises OSError on error).
-    The ops of each group run at once, the groups one after another."""
+    The ops of each group run at once, the groups one after another.
+    serial: (A, B), two ops the kernel may run one after the other (FUSE
+    takes a file's lock exclusively for some direct writes; seen once in
+    ~20 runs, write2 failing at 6.01 s after write at 4.00 s): a B that
+    ended after A and past the bound is timed from A's end, when it can
+    first have reached blockport."""
     env.fault(how)
     for rnd in (1, 2):
         results = {}
@@ -127,7 +134,17 @@ def rounds(env, how, issue, groups=(OPS,)):
                 check(out, "%s (%s, round %d): no answer within 60 s"
                       % (op, how, rnd))
                 results[op] = out[0]
-        judge(how, rnd, results)
+        late = ()
+        if serial:
+            a, b = (results[op] for op in serial)
+            # Only a B that would miss the bound: the others are judged
+            # from their own start, early check included.
+            if a[2] <= b[2] < a[3] < b[3] and b[1] > BOUND + MARGIN:
+                print("#   %s ended after %s: counted from %s's end"
+                      % (serial[1], serial[0], serial[0]))
+                results[serial[1]] = b[:1] + (b[3] - a[3],) + b[2:]
+                late = (serial[1],)
+        judge(how, rnd, {op: r[:2] for op, r in results.items()}, late)
 
 
 # ---- serve: an NBD client of a front `blockport serve` ----
@@ -221,7 +238,7 @@ def mount_case(env, how):
                 "write": lambda: os.pwritev(fd, [buf], 8192),
                 "write2": lambda: os.pwritev(fd, [buf], 16384),
                 "flush": lambda: os.fsync(fd)}[op]
-    rounds(env, how, issue, MOUNT_GROUPS)
+    rounds(env, how, issue, MOUNT_GROUPS, serial=("write", "write2"))
     check(env.procs[-1].poll() is None, "the mount daemon died")
 
 
