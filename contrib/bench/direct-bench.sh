@@ -24,6 +24,8 @@ BP=${3:-$(dirname "$0")/../../build/blockport}
 BP=$(readlink -f "$BP")
 source "$(dirname "$0")/lib.sh"
 bench_require fio qemu-nbd qemu-img nbdkit
+# fio's CPU comes from GNU time (Debian: time), not the shell keyword.
+[[ -x /usr/bin/time ]] || { echo "missing /usr/bin/time (apt install time)" >&2; exit 1; }
 [[ -w /proc/sys/vm/drop_caches ]] || {
   echo "needs root: caches are dropped before every run" >&2
   exit 1
