@@ -11,6 +11,7 @@ PACKAGES=(
   libfuse3-dev fuse3
   nbdkit nbdkit-plugin-dev
   zlib1g-dev libzstd-dev libgnutls28-dev
+  liburing-dev                            # io_uring for local images (--aio)
   qemu-utils fio util-linux python3       # peers and test tools
   fdisk                                   # sfdisk: partitioned disks for the mount tests
   qemu-system-common                      # qemu-storage-daemon: FUSE export, for contrib/bench/mount-bench.sh

@@ -240,8 +240,10 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   struct bd *bd = f ? f->open(spec, &opts) : NULL;
   if (bd && (opts.flags & BD_OPEN_READONLY))
     bd->caps.readonly = true;
-  if (bd)
+  if (bd) {
     bd->cache = opts.cache;
+    bd->aio = opts.aio;
+  }
   if (bd && bd->caps.aligned_only && bd->caps.min_block > 1 &&
       start_aligner(bd) < 0) {
     bd_close(bd);
@@ -611,6 +613,22 @@ int bd_execute(struct bd *bd, struct bd_req *req) {
   return r;
 }
 
+/* Start REQ through the source's own queue; false: the pool runs it. */
+static bool try_async(struct bd *bd, struct bd_req *req) {
+  int r = check_request(bd, req);
+  if (r == 0 && req->length == 0 && req->cmd != BD_FLUSH) {
+    req->done(req, 0);
+    return true;
+  }
+  if (r == 0)
+    r = bd->ops->submit_async(bd, req);
+  if (r == -EAGAIN)
+    return false;
+  if (r < 0)
+    req->done(req, r);
+  return true;
+}
+
 void bd_submit(struct bd *bd, struct bd_req *req) {
   req->bd = bd;
   if (apply_cache_mode(bd, req)) {
@@ -636,6 +654,9 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
         return;
       }
     }
+    if (bd->ops->submit_async && bd->conc == BD_CONC_PARALLEL &&
+        try_async(bd, req))
+      return;
     bd_pool_queue(req);
     return;
   case BD_EXEC_ASYNC: {
@@ -675,6 +696,33 @@ void bd_batch_end(void) {
   /* Outside the batch now: whatever a hook completes is handled inline. */
   struct bd_batch_hook *h = batch_hooks;
   batch_hooks = NULL;
+  while (h) {
+    struct bd_batch_hook *next = h->next;
+    h->run(h);
+    h = next;
+  }
+}
+
+static _Thread_local unsigned plug_depth;
+static _Thread_local struct bd_batch_hook *plug_hooks;
+
+void bd_plug_begin(void) {
+  plug_depth++;
+}
+
+bool bd_plug_defer(struct bd_batch_hook *h) {
+  if (plug_depth == 0)
+    return false;
+  h->next = plug_hooks;
+  plug_hooks = h;
+  return true;
+}
+
+void bd_plug_end(void) {
+  if (--plug_depth > 0)
+    return;
+  struct bd_batch_hook *h = plug_hooks;
+  plug_hooks = NULL;
   while (h) {
     struct bd_batch_hook *next = h->next;
     h->run(h);

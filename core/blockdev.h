@@ -168,6 +168,10 @@ struct bd_ops {
    * microseconds.  Returns -EAGAIN when it would wait for the device, and
    * the core queues the request to the pool. */
   int (*try_nowait)(struct bd *bd, struct bd_req *req);
+  /* Optional, BD_EXEC_POOL sources: start REQ without the pool (io_uring,
+   * core/uring.h) and complete it later with bd_complete().  Returns 0
+   * when started, or -EAGAIN, and the core queues it to the pool. */
+  int (*submit_async)(struct bd *bd, struct bd_req *req);
   /* BD_EXEC_ASYNC sources only: start the request, call bd_complete(). */
   void (*submit)(struct bd *bd, struct bd_req *req);
   void (*close)(struct bd *bd);
@@ -216,6 +220,18 @@ enum bd_cache {
   BD_CACHE_DIRECTSYNC,
   BD_CACHE_UNSAFE,
 };
+/* How a source on a local file does its I/O (qemu-nbd --aio): io_uring
+ * where the kernel allows it (the default), or blocking calls on the
+ * worker pool ("threads"). */
+enum bd_aio {
+  BD_AIO_DEFAULT, /* io_uring if available, else threads */
+  BD_AIO_IO_URING,
+  BD_AIO_THREADS,
+};
+/* "io_uring", "threads" -> *OUT: 0, or -EINVAL. */
+int bd_aio_parse(const char *name, enum bd_aio *out);
+const char *bd_aio_name(enum bd_aio mode);
+
 /* "none", ... -> *OUT: 0, or -EINVAL for a name that is not a mode. */
 int bd_cache_parse(const char *name, enum bd_cache *out);
 const char *bd_cache_name(enum bd_cache mode);
@@ -238,6 +254,7 @@ struct bd {
   unsigned nconns;
   struct bd_conn *default_conn; /* opened on first use by conn == NULL */
   enum bd_cache cache;          /* set by bd_open_with() */
+  enum bd_aio aio;              /* as it was asked for, by bd_open_with() */
   struct disk *aligner;         /* caps.aligned_only: see core/disk.h */
 };
 
@@ -295,6 +312,7 @@ struct bd_open_opts {
   /* L2 cache of a qcow2 image, bytes; 0: the default (32 MiB). */
   uint64_t qcow2_l2_cache;
   enum bd_cache cache; /* see enum bd_cache; 0: writeback */
+  enum bd_aio aio;     /* how local files are read and written */
   /* Connections of an NBD source: 0 means 4 when the server advertises
    * multi-conn, otherwise 1 (at most 16). */
   unsigned nbd_connections;
@@ -423,6 +441,31 @@ struct bd_batch_hook {
 void bd_batch_begin(void);
 bool bd_batch_defer(struct bd_batch_hook *h);
 void bd_batch_end(void);
+
+/* Submission plugs, the other direction.  A front end that submits many
+ * requests in a row (every request a read of its socket brought)
+ * brackets them with bd_plug_begin() and bd_plug_end(); a source with a
+ * submission queue (io_uring) may then hold the requests back and start
+ * them together at bd_plug_end(), through bd_plug_defer() (as
+ * bd_batch_defer()).  The thread must not wait for a request it submitted
+ * while plugged.  Plugs nest. */
+void bd_plug_begin(void);
+bool bd_plug_defer(struct bd_batch_hook *h);
+void bd_plug_end(void);
+
+/* Pollers.  An event-loop thread of a front end that can wait on one more
+ * descriptor calls bd_poller_begin() first: requests it submits to a
+ * source with a completion queue (--aio io_uring) then complete in this
+ * thread, with no hand-off to another.  Each turn of the loop it polls
+ * bd_poller_fd() (when >= 0) for POLLIN and calls bd_poller_run(), which
+ * completes what has finished (as one bd_batch) and returns whether
+ * anything did; it costs no system call when nothing has.  Requests stay
+ * in flight only while the loop turns: it must keep turning until its
+ * requests have completed, then call bd_poller_end(). */
+void bd_poller_begin(void);
+int bd_poller_fd(void);
+bool bd_poller_run(void);
+void bd_poller_end(void);
 
 /* Synchronous conveniences built on bd_run(). */
 int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The names of the cache modes (enum bd_cache): pure, so that the config
- * parser's fuzz target links it without the rest of the core. */
+/* The names of the cache modes (enum bd_cache) and of the I/O modes (enum
+ * bd_aio): pure, so that the config parser's fuzz target links it without
+ * the rest of the core. */
 #include <errno.h>
 #include <string.h>
 
@@ -31,4 +32,25 @@ const char *bd_cache_name(enum bd_cache mode) {
 
 bool bd_cache_direct(enum bd_cache mode) {
   return mode == BD_CACHE_NONE || mode == BD_CACHE_DIRECTSYNC;
+}
+
+static const char *const aio_names[] = {
+    [BD_AIO_DEFAULT] = "default",
+    [BD_AIO_IO_URING] = "io_uring",
+    [BD_AIO_THREADS] = "threads",
+};
+
+int bd_aio_parse(const char *name, enum bd_aio *out) {
+  for (size_t i = BD_AIO_IO_URING; i < sizeof aio_names / sizeof *aio_names;
+       i++)
+    if (strcmp(name, aio_names[i]) == 0) {
+      *out = (enum bd_aio)i;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+const char *bd_aio_name(enum bd_aio mode) {
+  return (unsigned)mode < sizeof aio_names / sizeof *aio_names ? aio_names[mode]
+                                                               : "?";
 }
