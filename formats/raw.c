@@ -37,6 +37,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/uring.h"
 #include "formats.h"
 #include "probe.h"
 
@@ -54,6 +55,7 @@ struct rawdev {
   uint32_t mem_align;  /* buffers start on a multiple of this */
   uint64_t tail_start; /* the size rounded down to the alignment */
   int bfd;             /* buffered, for [tail_start, size); -1: none */
+  bool ring;           /* reads, writes and flushes through io_uring */
 };
 
 /* A direct read of a range that is not aligned (our own reads, such as
@@ -339,6 +341,31 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
   return n == (ssize_t)req->length ? 0 : -EAGAIN;
 }
 
+/* --aio io_uring: reads, writes and flushes through a ring instead of a
+ * worker (core/uring.h).  What the ring path cannot take goes to the
+ * pool: the guarded first sector of a probed image, injected faults, and
+ * in direct mode a buffer not aligned in memory or the buffered tail. */
+static int raw_submit_async(struct bd *bd, struct bd_req *req) {
+  struct rawdev *r = bd->priv;
+  if (!r->ring || fault_active())
+    return -EAGAIN;
+  if (req->cmd == BD_FLUSH)
+    return uring_start(req, URING_FDATASYNC, r->fd, r->direct, NULL, 0);
+  if (req->cmd != BD_READ && req->cmd != BD_WRITE)
+    return -EAGAIN;
+  if (req->cmd == BD_WRITE && touches_head(r, req->offset))
+    return -EAGAIN;
+  if (r->direct && (req->offset + req->length > r->tail_start ||
+                    (req->offset | req->length) % r->align ||
+                    (uintptr_t)req->buf % r->mem_align))
+    return -EAGAIN;
+  struct uring_seg seg = {req->buf, req->offset, (uint32_t)req->length};
+  enum uring_op op = req->cmd == BD_READ       ? URING_READ
+                     : (req->flags & BD_F_FUA) ? URING_WRITE_DSYNC
+                                               : URING_WRITE;
+  return uring_start(req, op, r->fd, r->direct, &seg, 1);
+}
+
 static void raw_close(struct bd *bd) {
   struct rawdev *r = bd->priv;
   close(r->fd); /* releases the locks */
@@ -366,6 +393,7 @@ static const struct bd_ops raw_ops = {
     .cache = raw_cache,
     .extents = raw_extents,
     .try_nowait = raw_try_nowait,
+    .submit_async = raw_submit_async,
     .close = raw_close,
     .hold_locks = raw_hold_locks,
 };
@@ -455,6 +483,7 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
     bd_set_error("%s", msg);
     return NULL;
   }
+  r->ring = o->aio != BD_AIO_THREADS && uring_available();
   r->guard_head = !readonly && (flags & BD_OPEN_PROBED);
   if (r->guard_head)
     log_warn("%s: the image format was not given and probing guessed raw; "

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/uring.h"
 #include "qcow2.h"
 
 struct bd;
@@ -22,6 +23,7 @@ struct qcow2dev {
   /* --cache none / directsync: data_fd opened again with O_DIRECT, for
    * guest data (metadata stays in the page cache); -1 otherwise. */
   int dio_fd;
+  bool ring; /* --aio io_uring: data of mapped clusters through a ring */
   uint32_t dio_align, dio_mem; /* what it needs: file offsets, memory */
   uint64_t file_size, data_size;
   struct qcow2_header h;
@@ -157,6 +159,15 @@ int qcow2_bitmaps_open(struct qcow2dev *q);
 void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len);
 void qcow2_bitmaps_close(struct qcow2dev *q, bool store);
 
+/* Segments of a request on the data file for the ring (core/uring.h):
+ * neighbours on the file and in memory merge. */
+struct ring_segs {
+  struct uring_seg v[URING_MAX_SEGS];
+  unsigned n;
+};
+int qcow2_ring_add(struct ring_segs *rs, void *buf, uint64_t host,
+                   uint64_t len);
+
 /* write.c */
 int qcow2_open_writable(struct qcow2dev *q);
 int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
@@ -166,6 +177,11 @@ int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
 int qcow2_flush(struct bd *bd);
 int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
                            uint64_t off);
+/* --aio io_uring: the data segments of a write into clusters the image
+ * owns alone, whose L2 slices are cached (as qcow2_try_write_nowait(),
+ * any size), appended to SEGS.  -EAGAIN: the careful path must do it. */
+int qcow2_write_segs(struct qcow2dev *q, struct ring_segs *rs,
+                     const uint8_t *buf, uint64_t len, uint64_t off);
 
 /* Guest data at HOST in the data file: with O_DIRECT where the range is
  * aligned for it (dio_fd), through the page cache otherwise. */

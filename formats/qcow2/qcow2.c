@@ -16,6 +16,7 @@
 #include "backing-path.h"
 #include "core/blockdev.h"
 #include "core/byteorder.h"
+#include "core/fault.h"
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
@@ -383,6 +384,93 @@ static int q_try_nowait(struct bd *bd, struct bd_req *req) {
              : -EAGAIN;
 }
 
+static bool dio_ok(const struct qcow2dev *q, uint64_t len, uint64_t host);
+
+int qcow2_ring_add(struct ring_segs *rs, void *buf, uint64_t host,
+                   uint64_t len) {
+  struct uring_seg *last = rs->n ? &rs->v[rs->n - 1] : NULL;
+  if (last && last->off + last->len == host &&
+      (uint8_t *)last->buf + last->len == (uint8_t *)buf &&
+      last->len + len <= BD_MAX_IO) {
+    last->len += (uint32_t)len;
+    return 0;
+  }
+  if (rs->n == URING_MAX_SEGS)
+    return -EAGAIN;
+  rs->v[rs->n++] = (struct uring_seg){buf, host, (uint32_t)len};
+  return 0;
+}
+
+/* The data segments of a read whose L2 slices are cached; zero clusters
+ * are filled here.  -EAGAIN for anything else: compressed clusters, the
+ * backing file, a slice to load. */
+static int read_segs(struct qcow2dev *q, struct ring_segs *rs, uint8_t *p,
+                     uint64_t len, uint64_t off) {
+  while (len > 0) {
+    uint64_t cluster = off >> q->h.cluster_bits, l2off, entry, bitmap;
+    uint32_t in = (uint32_t)(off & (q->csize - 1));
+    if (qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap) < 0)
+      return -EAGAIN;
+    struct qcow2_run run;
+    uint32_t max =
+        len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
+    if (l2off == 0)
+      run = (struct qcow2_run){.kind = QCOW2_UNALLOCATED, .length = max};
+    else if (qcow2_decode_l2(&q->g, entry, bitmap, in, max, &run) < 0)
+      return -EAGAIN;
+    if (run.kind == QCOW2_ZERO ||
+        (run.kind == QCOW2_UNALLOCATED && !q->backing))
+      memset(p, 0, run.length);
+    else if (run.kind != QCOW2_DATA ||
+             (q->data_fd == q->fd && run.host - in >= file_limit(q)) ||
+             qcow2_ring_add(rs, p, run.host, run.length) < 0)
+      return -EAGAIN;
+    p += run.length;
+    off += run.length;
+    len -= run.length;
+  }
+  return 0;
+}
+
+/* The segments go to the ring on the direct descriptor when all of them
+ * are aligned for it, on the buffered one without direct I/O. */
+static int ring_start(struct qcow2dev *q, struct bd_req *req, enum uring_op op,
+                      struct ring_segs *rs) {
+  if (rs->n == 0) {
+    req->done(req, 0); /* all zeroes, filled already */
+    return 0;
+  }
+  if (q->dio_fd < 0)
+    return uring_start(req, op, q->data_fd, false, rs->v, rs->n);
+  for (unsigned i = 0; i < rs->n; i++)
+    if (!dio_ok(q, rs->v[i].len, rs->v[i].off) ||
+        (uintptr_t)rs->v[i].buf % q->dio_mem)
+      return -EAGAIN;
+  return uring_start(req, op, q->dio_fd, true, rs->v, rs->n);
+}
+
+/* --aio io_uring: reads and writes of clusters the L2 cache maps to
+ * plain data go to a ring (core/uring.h); everything else, metadata and
+ * its ordering included, stays on the worker pool's careful path. */
+static int q_submit_async(struct bd *bd, struct bd_req *req) {
+  struct qcow2dev *q = bd->priv;
+  if (!q->ring || q->cor || fault_active() ||
+      (req->cmd != BD_READ && req->cmd != BD_WRITE))
+    return -EAGAIN;
+  struct ring_segs rs = {.n = 0};
+  if (req->cmd == BD_READ) {
+    if (read_segs(q, &rs, req->buf, req->length, req->offset) < 0)
+      return -EAGAIN;
+    return ring_start(q, req, URING_READ, &rs);
+  }
+  /* FUA may need metadata written first: the careful path. */
+  if (!q->writable || (req->flags & BD_F_FUA) ||
+      qcow2_write_segs(q, &rs, req->buf, req->length, req->offset) < 0)
+    return -EAGAIN;
+  qcow2_bitmaps_mark(q, req->offset, req->length);
+  return ring_start(q, req, URING_WRITE, &rs);
+}
+
 static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
                      struct bd_extents *ext) {
   struct qcow2dev *q = bd->priv;
@@ -447,6 +535,7 @@ static const struct bd_ops qcow2_ops = {
     .trim = qcow2_trim,
     .zero = qcow2_zero,
     .try_nowait = q_try_nowait,
+    .submit_async = q_submit_async,
     .extents = q_extents,
     .close = q_close,
     .hold_locks = q_hold_locks,
@@ -721,6 +810,7 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
     r = open_data_file(q);
   if (r == 0 && bd_cache_direct(o->cache))
     r = open_direct(q, o->cache);
+  q->ring = o->aio != BD_AIO_THREADS && uring_available();
   if (r == 0 && q->h.backing_offset) {
     q->backing = open_backing(q, hdr, o, &self);
     if (!q->backing)

@@ -560,6 +560,31 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   return qcow2_data_pwrite(q, buf, len, host);
 }
 
+int qcow2_write_segs(struct qcow2dev *q, struct ring_segs *rs,
+                     const uint8_t *buf, uint64_t len, uint64_t off) {
+  pthread_mutex_lock(&q->meta);
+  int r = q->broken || qcow2_is_corrupt(q) ? -EAGAIN : 0;
+  while (r == 0 && len > 0) {
+    uint64_t cluster = off >> q->h.cluster_bits, l2off, entry = 0, bitmap = 0;
+    uint32_t in = (uint32_t)(off & (q->csize - 1));
+    uint64_t n = q->csize - in < len ? q->csize - in : len;
+    r = in_flight(q, cluster)
+            ? -EAGAIN
+            : qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
+    uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
+    /* A write on metadata is refused on the careful path. */
+    if (r < 0 || !owned_data(q, entry, bitmap, in, n) ||
+        qcow2_guard_would_hit(q, host, n) ||
+        qcow2_ring_add(rs, (void *)buf, host, n) < 0)
+      r = -EAGAIN;
+    buf += n;
+    off += n;
+    len -= n;
+  }
+  pthread_mutex_unlock(&q->meta);
+  return r < 0 ? -EAGAIN : 0;
+}
+
 /* Split [off, off+len) at cluster boundaries. */
 static int for_each_cluster(struct qcow2dev *q, uint64_t off, uint64_t len,
                             int (*fn)(struct qcow2dev *, uint64_t, uint32_t,
