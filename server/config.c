@@ -24,12 +24,13 @@ enum key {
   K_ALLOW,
   K_DEFAULT,
   K_CACHE,
+  K_AIO,
   NKEYS
 };
 
 static const char *const key_names[NKEYS] = {
-    "path",        "format", "description", "read-only",
-    "require-tls", "allow",  "default",     "cache"};
+    "path",  "format",  "description", "read-only", "require-tls",
+    "allow", "default", "cache",       "aio"};
 
 /* Names an operator may reach for, and the key they mean. */
 static const struct {
@@ -416,6 +417,14 @@ static int set_cache(struct parser *p, struct export_conf *e, char **v) {
   return 0;
 }
 
+static int set_aio(struct parser *p, struct export_conf *e, char **v) {
+  if (bd_aio_parse(*v, &e->aio) < 0)
+    return fail(p, p->line, "aio: '%s' is not io_uring or threads%s",
+                show(str_span(*v)).s, comment_hint(*v));
+  e->has_aio = true;
+  return 0;
+}
+
 static int set_read_only(struct parser *p, struct export_conf *e, char **v) {
   return parse_bool(p, K_READ_ONLY, *v, &e->readonly);
 }
@@ -487,7 +496,8 @@ static setter *const setters[NKEYS] = {[K_PATH] = set_path,
                                        [K_REQUIRE_TLS] = set_require_tls,
                                        [K_ALLOW] = set_allow,
                                        [K_DEFAULT] = set_default,
-                                       [K_CACHE] = set_cache};
+                                       [K_CACHE] = set_cache,
+                                       [K_AIO] = set_aio};
 
 /* Edit distance between A and B, both at most 32 bytes. */
 static size_t distance(const char *a, const char *b) {
@@ -554,7 +564,7 @@ static int unknown_key(struct parser *p, struct span key) {
                 show(key).s, hint);
   return fail(p, p->line,
               "unknown key '%s' (keys: path, format, description, read-only, "
-              "require-tls, allow, default, cache)",
+              "require-tls, allow, default, cache, aio)",
               show(key).s);
 }
 

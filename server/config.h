@@ -27,6 +27,8 @@ struct export_conf {
   bool is_default; /* also the default export "" */
   bool has_cache;  /* cache was given: it overrides --cache */
   enum bd_cache cache;
+  bool has_aio; /* aio was given: it overrides --aio */
+  enum bd_aio aio;
   struct acl_rule *allow; /* TCP clients admitted; nallow == 0: everyone */
   size_t nallow;
   unsigned line; /* line of its [export] header, for messages */

@@ -30,6 +30,7 @@
 #define RBUF_SIZE (64 * 1024)
 /* Non-blocking reads tried before sleeping in poll(); see spin_read(). */
 #define SPIN_READS 20
+#define PLUG_READS 4 /* reads whose requests may wait for each other */
 /* A rejected request's payload up to this size is read and dropped; a
  * larger one means the client is lost, and the connection closes. */
 #define DISCARD_MAX (64ull * 1024 * 1024)
@@ -602,14 +603,38 @@ static enum input read_input(struct conn *c) {
 /* A busy client sends more within microseconds of our replies.  Retrying
  * the read a few times first saves a sleep and a wake-up in poll() (two
  * context switches); an idle client costs just these few system calls.
- * Returns false if nothing came. */
+ * Requests this thread's poller completes meanwhile are answered at once:
+ * their replies are what the client waits for to send more.  Returns
+ * false if nothing came. */
 static bool spin_read(struct conn *c, enum input *res) {
   for (int i = 0; i < SPIN_READS; i++) {
     *res = read_input(c);
     if (*res != INPUT_NONE)
       return true;
+    bd_poller_run();
   }
   return false;
+}
+
+static void stop_reading(struct conn *c);
+
+/* Within a plug: what more the socket holds right now joins the requests
+ * just parsed, so they start with one system call (io_uring_enter), and
+ * with one notification of the device. */
+static void read_more(struct conn *c) {
+  for (int i = 0; i < PLUG_READS; i++) {
+    pthread_mutex_lock(&c->lock);
+    bool want = want_input_locked(c) && !c->held;
+    pthread_mutex_unlock(&c->lock);
+    if (!want)
+      return;
+    enum input in = read_input(c);
+    if (in == INPUT_END)
+      stop_reading(c);
+    if (in != INPUT_DATA)
+      return;
+    process_input(c);
+  }
 }
 
 /* Drop a request that will never be answered. */
@@ -684,8 +709,12 @@ static void transmission(struct conn *c) {
     if (dead && !c->eof)
       stop_reading(c); /* nobody will hear the replies: stop taking work */
     send_cork(c);
+    bd_plug_begin(); /* the requests of these reads start together */
     process_input(c);
+    read_more(c);
+    bd_plug_end();
     send_uncork(c);
+    bd_poller_run(); /* what finished meanwhile, answered in one send */
 
     pthread_mutex_lock(&c->lock);
     if ((c->eof || c->dead) && c->inflight == 0) {
@@ -713,10 +742,11 @@ static void transmission(struct conn *c) {
       continue;
     }
 
-    struct pollfd p[2] = {
+    struct pollfd p[3] = {
         {.fd = c->fd,
          .events = (short)((want_in ? POLLIN : 0) | (want_out ? POLLOUT : 0))},
         {.fd = c->wakefd, .events = POLLIN},
+        {.fd = bd_poller_fd(), .events = POLLIN}, /* -1: ignored */
     };
     enum input in;
     int timeout = grace_left(c, &deadline);
@@ -733,7 +763,7 @@ static void transmission(struct conn *c) {
     /* poll() cannot see what TLS has already decrypted. */
     if (want_in && c->tls && tls_pending(c->tls) > 0)
       timeout = 0;
-    if (poll(p, 2, timeout) < 0 && errno != EINTR)
+    if (poll(p, 3, timeout) < 0 && errno != EINTR)
       break;
     pthread_mutex_lock(&c->lock);
     c->waiting = false;
@@ -809,7 +839,9 @@ static void *conn_main(void *arg) {
   if (handshake(c)) {
     if (c->exp->mx)
       metrics_export_opened(c->exp->mx);
+    bd_poller_begin(); /* this thread reaps what its requests started */
     transmission(c);
+    bd_poller_end();
     if (c->exp->mx)
       metrics_export_closed(c->exp->mx);
   }

@@ -126,9 +126,12 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   enum bd_cache mode = c->has_cache ? c->cache
                        : b->open    ? b->open->cache
                                     : BD_CACHE_WRITEBACK;
-  /* Another format or cache mode is another opening of the image. */
-  bool other_fmt =
-      d && ((fmt && strcmp(fmt, d->bd->format)) || mode != d->bd->cache);
+  enum bd_aio aio = c->has_aio ? c->aio
+                    : b->open  ? b->open->aio
+                               : BD_AIO_DEFAULT;
+  /* Another format, cache or I/O mode is another opening of the image. */
+  bool other_fmt = d && ((fmt && strcmp(fmt, d->bd->format)) ||
+                         mode != d->bd->cache || aio != d->bd->aio);
   bool need_rw = d && rw && d->bd->caps.readonly;
   bool busy = d && d->conns > 0;
   bool downgrade = d && !rw && !d->bd->caps.readonly && !busy;
@@ -183,6 +186,8 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   oo.format = fmt;
   if (c->has_cache)
     oo.cache = c->cache;
+  if (c->has_aio)
+    oo.aio = c->aio;
   oo.flags = (rw ? 0 : BD_OPEN_READONLY) |
              (b->o->share && !rw ? BD_OPEN_SHARE : 0) |
              (oo.flags & BD_OPEN_COPY_ON_READ);
