@@ -65,8 +65,8 @@ static const char mount_tail[] =
     "first.\n";
 
 #define MOUNT_SHARED                                                           \
-  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_L2_CACHE | CO_NBD | CO_RBD |        \
-   CO_NBD_OLD | CO_LOG | CO_PID_FILE)
+  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | CO_NBD |        \
+   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE)
 
 struct mount_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */

@@ -25,6 +25,7 @@ enum {
   ID_RBD_TIMEOUT,
   ID_RBD_LOCK,
   ID_CACHE,
+  ID_AIO,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -59,6 +60,10 @@ static const struct shared_opt table[] = {
      "(O_DIRECT, flush = fdatasync), writethrough\n"
      "(every write FUA), directsync (both), unsafe\n"
      "(flushes ignored)"},
+    {CO_AIO, ID_AIO, "aio", "MODE", 0, 0,
+     "how local images are read and written: io_uring\n"
+     "(default where the kernel allows it) or threads\n"
+     "(blocking calls on the worker pool)"},
     {CO_L2_CACHE, ID_L2_CACHE, "l2-cache-size", "SIZE", 0, 0,
      "qcow2 L2 cache per image, at least 64K (default\n"
      "32M: maps 256G of 64k clusters)"},
@@ -192,6 +197,13 @@ static int cache_mode(struct cli_common *c, const struct shared_opt *t,
   return 1;
 }
 
+static int aio_mode(struct cli_common *c, const struct shared_opt *t,
+                    const char *arg) {
+  if (bd_aio_parse(arg, &c->open.aio) < 0)
+    return bad(c, t, arg, "io_uring or threads");
+  return 1;
+}
+
 static int replay_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   if (bd_parse_size(arg, &c->open.nbd_replay_limit) < 0)
@@ -234,6 +246,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case 'D': return debug_flag(c, t, arg);
   case ID_L2_CACHE: return l2_cache(c, t, arg);
   case ID_CACHE: return cache_mode(c, t, arg);
+  case ID_AIO: return aio_mode(c, t, arg);
   case ID_COPY_ON_READ: c->open.flags |= BD_OPEN_COPY_ON_READ; return 1;
   case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
   case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);

@@ -29,6 +29,7 @@ enum {
   CO_PID_FILE = 1u << 7, /* -P, --pid-file FILE */
   CO_RBD = 1u << 8,      /* --rbd-timeout SECONDS, --rbd-lock MODE */
   CO_CACHE = 1u << 9,    /* --cache MODE (enum bd_cache) */
+  CO_AIO = 1u << 10,     /* --aio MODE (enum bd_aio) */
 };
 
 #define CLI_MAX_DEBUG_FLAGS 64

@@ -56,8 +56,8 @@ static const char vhost_tail[] =
     "SIGTERM or SIGINT: finish the requests in flight, flush, exit 0.\n";
 
 #define VHOST_SHARED                                                           \
-  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_L2_CACHE | CO_NBD |      \
-   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE)
+  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
+   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE)
 
 struct vhost_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
