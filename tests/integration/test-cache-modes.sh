@@ -7,10 +7,12 @@
 # random ranges agree with a shadow file, and the image equals the shadow
 # afterwards (qemu-img compare and check for qcow2), on a 16 MiB image and
 # a raw one of 1000000 bytes (an unaligned last block); fio verify over 4
-# connections; flushes as each mode promises (strace); ramfs, which refuses
+# connections; flushes as each mode promises (strace with --aio threads,
+# ext4's sync tracepoint through perf with io_uring); ramfs, which refuses
 # O_DIRECT, gives a clear error.  A loop device with
 # 4096-byte sectors (where losetup can make one) checks a 4096 alignment.
-# convert -t none copies exactly.
+# convert -t none copies exactly.  All of it under --aio io_uring and
+# --aio threads, and the same seeded workload leaves the same image in both.
 source "$(dirname "$0")/lib.sh"
 require qemu-img fio cmp truncate
 require_py_nbd
@@ -62,10 +64,10 @@ image_fd_flags() {
     done
 }
 
-# One export: FMT, SIZE bytes, --cache MODE; MIN the minimum block
-# expected.
+# One export: FMT, SIZE bytes, --cache MODE, --aio AIO; MIN the minimum
+# block expected.  The image is kept as img.AIO.FMT.MODE.SIZE.
 one() {
-    local fmt=$1 mode=$2 size=$3 min=$4
+    local fmt=$1 mode=$2 size=$3 min=$4 aio=$5
     rm -f img shadow
     if [[ $fmt == qcow2 ]]; then
         run qemu-img create -q -f qcow2 img "$size"
@@ -73,7 +75,7 @@ one() {
         truncate -s "$size" img
     fi
     truncate -s "$size" shadow
-    start_server -f "$fmt" --cache "$mode" "$T/img"
+    start_server -f "$fmt" --cache "$mode" --aio "$aio" "$T/img"
     local direct=0 f
     for f in $(image_fd_flags "$SERVER_PID" "$T/img"); do
         ((8#$f & 8#40000)) && direct=1
@@ -83,7 +85,7 @@ one() {
         *) ((!direct)) || fail "$mode: the image is open with O_DIRECT" ;;
     esac
     local got
-    local what="$fmt, --cache $mode, $size bytes"
+    local what="$fmt, --cache $mode, --aio $aio, $size bytes"
     got=$("$PY" unaligned.py "$URI" shadow "$SEED") || fail "$what: $got"
     [[ $got == "min block $min" ]] || fail "$what: $got, expected min block $min"
     stop_server
@@ -93,25 +95,43 @@ one() {
     else
         cmp img shadow || fail "$what: the image differs from the shadow"
     fi
+    mv img "img.$aio.$fmt.$mode.$size"
     ok "$what: O_DIRECT $direct, min block $min, unaligned I/O matches"
 }
 
-for mode in none directsync writeback writethrough unsafe; do
-    case $mode in none | directsync) min=512 ;; *) min=1 ;; esac
-    one raw "$mode" $((16 << 20)) "$min"
-    one raw "$mode" 1000000 1
-    one qcow2 "$mode" $((16 << 20)) "$min"
+for aio in io_uring threads; do
+    for mode in none directsync writeback writethrough unsafe; do
+        case $mode in none | directsync) min=512 ;; *) min=1 ;; esac
+        one raw "$mode" $((16 << 20)) "$min" "$aio"
+        one raw "$mode" 1000000 1 "$aio"
+        one qcow2 "$mode" $((16 << 20)) "$min" "$aio"
+    done
 done
+# The same requests leave the same bytes whichever way they were done.
+for f in img.io_uring.*; do
+    t=img.threads.${f#img.io_uring.}
+    if [[ $f == *qcow2* ]]; then
+        run qemu-img compare -q -f qcow2 -F qcow2 "$f" "$t" ||
+            fail "$f and $t differ"
+    else
+        cmp "$f" "$t" || fail "$f and $t differ"
+    fi
+done
+rm -f img.io_uring.* img.threads.*
+ok "--aio io_uring and --aio threads leave identical images"
 
-for mode in none writeback; do
-    for fmt in raw qcow2; do
-        rm -f img
-        run qemu-img create -q -f "$fmt" img 64M
-        start_server -f "$fmt" --cache "$mode" "$T/img"
-        fio_verify "$URI"
-        stop_server
-        [[ $fmt == raw ]] || run qemu-img check -q img || fail "qcow2 --cache $mode: check after fio"
-        ok "$fmt --cache $mode: fio verify over 4 connections"
+for aio in io_uring threads; do
+    for mode in none writeback; do
+        for fmt in raw qcow2; do
+            rm -f img
+            run qemu-img create -q -f "$fmt" img 64M
+            start_server -f "$fmt" --cache "$mode" --aio "$aio" "$T/img"
+            fio_verify "$URI"
+            stop_server
+            [[ $fmt == raw ]] || run qemu-img check -q img ||
+                fail "qcow2 --cache $mode --aio $aio: check after fio"
+            ok "$fmt --cache $mode --aio $aio: fio verify over 4 connections"
+        done
     done
 done
 
@@ -146,12 +166,12 @@ all_traced() { # PID TRACER: every thread of PID is traced by TRACER
         grep -q "^TracerPid:[[:space:]]*$2\$" "$f" || return 1
     done
 }
-syncs() { # MODE: fdatasync calls for the workload
+syncs() { # MODE: fdatasync calls for the workload, with --aio threads
     local mode=$1 fua=plain
     [[ $mode == unsafe ]] && fua=fua
     rm -f img trace strace.err
     truncate -s 16M img
-    start_server -f raw --cache "$mode" "$T/img" >&2
+    start_server -f raw --cache "$mode" --aio threads "$T/img" >&2
     strace -f -qq -e trace=fdatasync -o trace -p "$SERVER_PID" 2>strace.err &
     local st=$!
     wait_until 10 all_traced "$SERVER_PID" "$st" || fail "strace did not attach"
@@ -174,6 +194,45 @@ if command -v strace >/dev/null; then
     ok "writethrough syncs every write, writeback at the flush, unsafe never"
 else
     echo "SKIP: no strace: flush behaviour of the modes not checked"
+fi
+
+# The same with io_uring, whose fdatasync and RWF_DSYNC writes no strace
+# sees: ext4 counts its file syncs (ext4_sync_file_enter, which a flush
+# and a buffered RWF_DSYNC write both reach) for perf.
+ring_syncs() { # MODE: ext4 file syncs for the workload
+    local mode=$1 fua=plain
+    [[ $mode == unsafe ]] && fua=fua
+    rm -f img perf.out
+    truncate -s 16M img
+    start_server -f raw --cache "$mode" --aio io_uring "$T/img" >&2
+    perf stat -x, -e ext4:ext4_sync_file_enter -p "$SERVER_PID" \
+        -o perf.out 2>perf.err &
+    local ps=$!
+    wait_until 10 perf_attached "$ps" || fail "perf stat did not attach"
+    "$PY" writes.py "$URI" "$fua" || fail "$mode: writes failed"
+    kill -INT "$ps"
+    wait "$ps" 2>/dev/null || true
+    stop_server >&2
+    # "<not counted>": the event never ran, so nothing was counted.
+    awk -F, '/ext4_sync_file_enter/ {print $1 + 0}' perf.out
+}
+perf_attached() { # PID: perf has opened its events
+    ls -l /proc/"$1"/fd 2>/dev/null | grep -q perf_event
+}
+perf_ok() {
+    [[ $(stat -f -c %T "$T") == ext2/ext3 ]] &&
+        perf stat -e ext4:ext4_sync_file_enter -o /dev/null true 2>/dev/null
+}
+if command -v perf >/dev/null && perf_ok; then
+    n=$(ring_syncs writethrough)
+    ((n >= 20)) || fail "io_uring writethrough: $n syncs for 20 writes"
+    n=$(ring_syncs writeback)
+    ((n >= 1 && n < 20)) || fail "io_uring writeback: $n syncs for 20 writes and a flush"
+    n=$(ring_syncs unsafe)
+    ((n == 0)) || fail "io_uring unsafe: $n syncs (flushes and FUA must be ignored)"
+    ok "io_uring: writethrough syncs every write, writeback at the flush, unsafe never"
+else
+    echo "SKIP: no perf with ext4 tracepoints here: io_uring flushes not counted"
 fi
 
 # A file system that refuses O_DIRECT (ramfs): a clear error at open.
