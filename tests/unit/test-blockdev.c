@@ -609,6 +609,37 @@ Test(batch, a_batch_belongs_to_its_thread) {
   cr_assert_eq(a.runs, 0);
 }
 
+/* ---- submission plugs ---- */
+
+Test(plug, hooks_run_once_at_the_outermost_end_and_not_in_a_batch) {
+  struct counted_hook a = {.h.run = count_run};
+  cr_assert_not(bd_plug_defer(&a.h), "outside a plug");
+  bd_batch_begin(); /* a completion batch is not a plug */
+  cr_assert_not(bd_plug_defer(&a.h));
+  bd_batch_end();
+  bd_plug_begin();
+  bd_plug_begin();
+  cr_assert(bd_plug_defer(&a.h));
+  bd_plug_end();
+  cr_assert_eq(a.runs, 0, "the hook ran at an inner end");
+  bd_plug_end();
+  cr_assert_eq(a.runs, 1);
+}
+
+/* ---- I/O modes ---- */
+
+Test(aio_mode, names_round_trip_and_default_is_not_a_name) {
+  enum bd_aio m;
+  cr_assert_eq(bd_aio_parse("io_uring", &m), 0);
+  cr_assert_eq(m, BD_AIO_IO_URING);
+  cr_assert_eq(bd_aio_parse("threads", &m), 0);
+  cr_assert_eq(m, BD_AIO_THREADS);
+  cr_assert_str_eq(bd_aio_name(BD_AIO_THREADS), "threads");
+  cr_assert_eq(bd_aio_parse("default", &m), -EINVAL);
+  cr_assert_eq(bd_aio_parse("native", &m), -EINVAL);
+  cr_assert_eq(bd_aio_parse("", &m), -EINVAL);
+}
+
 /* ---- cache modes ---- */
 
 Test(cache_mode, names_round_trip) {
