@@ -718,6 +718,10 @@ bool bd_plug_defer(struct bd_batch_hook *h) {
   return true;
 }
 
+bool bd_plug_pending(void) {
+  return plug_hooks != NULL;
+}
+
 void bd_plug_end(void) {
   if (--plug_depth > 0)
     return;

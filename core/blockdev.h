@@ -452,6 +452,9 @@ void bd_batch_end(void);
 void bd_plug_begin(void);
 bool bd_plug_defer(struct bd_batch_hook *h);
 void bd_plug_end(void);
+/* Whether the calling thread's plug holds anything back: worth waiting
+ * for more requests to join it. */
+bool bd_plug_pending(void);
 
 /* Pollers.  An event-loop thread of a front end that can wait on one more
  * descriptor calls bd_poller_begin() first: requests it submits to a

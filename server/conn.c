@@ -620,9 +620,11 @@ static void stop_reading(struct conn *c);
 
 /* Within a plug: what more the socket holds right now joins the requests
  * just parsed, so they start with one system call (io_uring_enter), and
- * with one notification of the device. */
+ * with one notification of the device.  Only when the plug holds some
+ * back: requests that completed inline (the page cache) gain nothing from
+ * the extra read. */
 static void read_more(struct conn *c) {
-  for (int i = 0; i < PLUG_READS; i++) {
+  for (int i = 0; i < PLUG_READS && bd_plug_pending(); i++) {
     pthread_mutex_lock(&c->lock);
     bool want = want_input_locked(c) && !c->held;
     pthread_mutex_unlock(&c->lock);

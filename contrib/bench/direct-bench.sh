@@ -1,9 +1,11 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Serving with the host page cache out of the way (issue 16): blockport
-# serve --cache none against qemu-nbd --cache=none (--aio=io_uring and
-# --aio=native) and nbdkit file cache=none, with fio on the file itself
-# (direct=1, io_uring and libaio) as the limit the device sets.
+# serve --cache none (--aio io_uring and --aio threads) against qemu-nbd
+# --cache=none (--aio=io_uring and --aio=native) and nbdkit file
+# cache=none, with fio on the file itself (direct=1, io_uring and libaio)
+# as the limit the device sets, and blockport serving null:1G as the limit
+# the NBD client and protocol set on this machine.
 #
 # The disk: a 1 GiB raw file of random data on the file system of the
 # scratch directory (TMPDIR, default /tmp), and the same data as a fully
@@ -71,8 +73,11 @@ measure() {
     fio-libaio) job run "$wl" "$conns" ioengine=libaio direct=1 "filename=$RAW" ;;
     *)
       case $s in
+        blockport-threads*) start_server "$SOCK" "$BP" serve --unix "$SOCK" \
+          -f "$fmt" --cache none --aio threads "$spec" ;;
         blockport*) start_server "$SOCK" "$BP" serve --unix "$SOCK" -f "$fmt" \
-          --cache none "$spec" ;;
+          --cache none --aio io_uring "$spec" ;;
+        null) start_server "$SOCK" "$BP" serve --unix "$SOCK" null:1G ;;
         qemu-uring*) start_server "$SOCK" qemu-nbd -k "$SOCK" -f "$fmt" -t -e 16 \
           --cache=none --aio=io_uring "$spec" ;;
         qemu-native*) start_server "$SOCK" qemu-nbd -k "$SOCK" -f "$fmt" -t \
@@ -115,9 +120,13 @@ run_row() { # WORKLOAD CONNS SERVER
     "$r" "$1" "$2" "$3" "$VAL" ${CPU}
 }
 
-RAND_RAW=(fio-uring fio-libaio blockport qemu-uring qemu-native nbdkit)
-RAND_QCOW2=(blockport-qcow2 qemu-uring-qcow2 qemu-native-qcow2)
-SEQ=(fio-uring blockport qemu-uring nbdkit)
+# null: blockport serving no disk at all, the most the NBD client and the
+# protocol allow on this machine.
+RAND_RAW=(fio-uring fio-libaio blockport blockport-threads qemu-uring
+  qemu-native nbdkit null)
+RAND_QCOW2=(blockport-qcow2 blockport-threads-qcow2 qemu-uring-qcow2
+  qemu-native-qcow2)
+SEQ=(fio-uring blockport blockport-threads qemu-uring nbdkit)
 
 echo "blockport: $BP ($("$BP" --version)); $(qemu-nbd --version | head -1);"
 echo "$(nbdkit --version); $(fio --version); $(nproc) CPUs; scratch on" \
@@ -145,9 +154,12 @@ for c in 1 4; do
   printf '%d conn: blockport/fio-uring %s, blockport/qemu-nbd(io_uring) %s,' \
     "$c" "$(ratio "$(mean "rand,$c,blockport")" "$lim")" \
     "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-uring")")"
-  printf ' blockport/qemu-nbd(native) %s, qcow2: blockport/qemu-nbd(io_uring) %s\n' \
+  printf ' blockport/qemu-nbd(native) %s, qcow2: blockport/qemu-nbd(io_uring) %s,' \
     "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-native")")" \
     "$(ratio "$(mean "rand,$c,blockport-qcow2")" "$(mean "rand,$c,qemu-uring-qcow2")")"
+  printf ' io_uring/threads %s, blockport/null %s\n' \
+    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,blockport-threads")")" \
+    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,null")")"
 done
 echo
 echo "1 MiB sequential, iodepth 16, one connection (MiB/s)"

@@ -262,14 +262,16 @@ if LOOP=$(losetup -f --show --sector-size 4096 "$(truncate -s 16M big && echo "$
     trap 'rc=$?; set +e; losetup -d "$LOOP"; (exit $rc); _cleanup' EXIT
     truncate -s 16M shadow4
     cp big shadow4
-    # Probed, not -f raw: the guard of the first sector reads it, 512
-    # bytes, which direct I/O must widen to 4096.
-    start_server --cache none "$LOOP"
-    got=$("$PY" unaligned.py "$URI" shadow4 "$SEED") || fail "loop device: $got"
-    [[ $got == "min block 4096" ]] || fail "loop device: $got, expected min block 4096"
-    stop_server
-    cmp "$LOOP" shadow4 || fail "loop device: differs from the shadow"
-    ok "--cache none on a 4096-byte-sector device: min block 4096, unaligned I/O matches"
+    for aio in io_uring threads; do
+        # Probed, not -f raw: the guard of the first sector reads it, 512
+        # bytes, which direct I/O must widen to 4096.
+        start_server --cache none --aio "$aio" "$LOOP"
+        got=$("$PY" unaligned.py "$URI" shadow4 "$SEED") || fail "loop device: $got"
+        [[ $got == "min block 4096" ]] || fail "loop device: $got, expected min block 4096"
+        stop_server
+        cmp "$LOOP" shadow4 || fail "loop device, --aio $aio: differs from the shadow"
+        ok "--cache none --aio $aio on a 4096-byte-sector device: min block 4096, unaligned I/O matches"
+    done
 else
     echo "SKIP: losetup cannot make a 4096-byte-sector loop device here"
 fi

@@ -618,12 +618,15 @@ Test(plug, hooks_run_once_at_the_outermost_end_and_not_in_a_batch) {
   cr_assert_not(bd_plug_defer(&a.h));
   bd_batch_end();
   bd_plug_begin();
+  cr_assert_not(bd_plug_pending(), "an empty plug holds nothing back");
   bd_plug_begin();
   cr_assert(bd_plug_defer(&a.h));
+  cr_assert(bd_plug_pending());
   bd_plug_end();
   cr_assert_eq(a.runs, 0, "the hook ran at an inner end");
   bd_plug_end();
   cr_assert_eq(a.runs, 1);
+  cr_assert_not(bd_plug_pending());
 }
 
 /* ---- I/O modes ---- */
