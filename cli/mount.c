@@ -25,6 +25,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "daemon.h"
 #include "options.h"
 
 static const char mount_head[] =
@@ -167,72 +168,18 @@ static char *absolute(const char *path) {
   return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
 }
 
-/* Fork.  The parent waits for the child to say the mount is live (one
- * byte on the pipe) and exits 0, or exits with the child's status when it
- * failed first.  Returns, in the child, the pipe's write end. */
-static int daemonize(void) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) {
-    log_error("pipe: %s", strerror(errno));
-    exit(1);
-  }
-  pid_t pid = fork();
-  if (pid < 0) {
-    log_error("fork: %s", strerror(errno));
-    exit(1);
-  }
-  if (pid == 0) {
-    close(p[0]);
-    setsid(); /* no terminal signals from the parent's session */
-    return p[1];
-  }
-  close(p[1]);
-  char c;
-  ssize_t n;
-  while ((n = read(p[0], &c, 1)) < 0 && errno == EINTR)
-    ;
-  if (n == 1)
-    exit(0);
-  int status;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-    ;
-  exit(WIFEXITED(status) && WEXITSTATUS(status) ? WEXITSTATUS(status) : 1);
-}
-
-/* Point stdin and stdout at /dev/null and stderr at the log file (or
- * /dev/null), so that whoever started us sees their pipes close. */
-static void detach_stdio(const char *log_file) {
-  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-  int log =
-      log_file ? open(log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)
-               : -1;
-  if (log_file && log < 0)
-    log_warn("log file %s: %s", log_file, strerror(errno));
-  if (null >= 0) {
-    dup2(null, 0);
-    dup2(null, 1);
-  }
-  dup2(log >= 0 ? log : null, 2);
-  if (null > 2)
-    close(null);
-  if (log > 2)
-    close(log);
-}
-
 /* The kernel has initialised the mount (a FUSE thread calls this). */
 static void on_live(void *opaque) {
   struct mount_state *s = opaque;
   if (s->pid_path)
     cli_write_pid_file(s->pid_path);
   if (s->notify_fd >= 0)
-    detach_stdio(s->o->log_file);
+    cli_detach_stdio(s->o->log_file);
   log_info("mounted %s on %s", s->o->source, s->o->mountpoint);
   if (s->notify_fd >= 0) {
     if (chdir("/") < 0)
       log_warn("chdir /: %s", strerror(errno));
-    ssize_t r = write(s->notify_fd, "0", 1);
-    (void)r; /* a parent that is gone does not care */
-    close(s->notify_fd);
+    cli_daemon_ready(s->notify_fd);
     s->notify_fd = -1;
   }
 }
@@ -330,7 +277,7 @@ static int mount_run(const struct mount_opts *o) {
     return 1;
   }
   if (!o->foreground)
-    s.notify_fd = daemonize();
+    s.notify_fd = cli_daemonize();
   /* Signals go to one thread; every thread made from here inherits the
    * mask. */
   sigset_t set;

@@ -20,6 +20,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "options.h"
+#include "serve-run.h"
 
 static const char serve_head[] =
     "Usage: blockport serve [OPTIONS] IMAGE...\n"
@@ -81,7 +82,16 @@ static const char serve_head[] =
     "                            that sends nothing for this long (default 0:\n"
     "                            never)\n"
     "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
-    "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n";
+    "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
+    "      --run CMD             once ready, run CMD with /bin/sh, with\n"
+    "                            $uri (also $nbd), $unixsocket, $port,\n"
+    "                            $exportname and $tls set as nbdkit's --run\n"
+    "                            sets them; stop when it exits and exit with\n"
+    "                            its status.  Without --unix or --port: on a\n"
+    "                            Unix socket in a private directory\n"
+    "      --fork                go into the background once clients can\n"
+    "                            connect (the pid file written then); the\n"
+    "                            log then goes nowhere unless --syslog\n";
 
 static const char serve_tail[] =
     "  -h, --help                show this help\n"
@@ -98,8 +108,9 @@ static const char serve_tail[] =
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
   struct serve_opts so;
-  bool check_config; /* --check-config: check the exports, then exit */
-  char *plugin_spec; /* built from --plugin, owned */
+  bool check_config;    /* --check-config: check the exports, then exit */
+  struct serve_run run; /* --run, --fork */
+  char *plugin_spec;    /* built from --plugin, owned */
 };
 
 /* Long options without a short form. */
@@ -118,6 +129,8 @@ enum {
   OPT_CHECK_CONFIG,
   OPT_MAX_REQUESTS,
   OPT_MAX_BYTES,
+  OPT_RUN,
+  OPT_FORK,
 };
 
 static void usage(FILE *f, const struct serve_cli *c) {
@@ -180,6 +193,8 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case OPT_RO_EXPORT: return add_ro_export(o, arg);
   case OPT_CONFIG: o->config = arg; return 1;
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
+  case OPT_RUN: c->run.cmd = arg; return 1;
+  case OPT_FORK: c->run.fork = true; return 1;
   case OPT_METRICS: {
     char host[256], mport[8];
     if (!metrics_parse_addr(arg, host, sizeof host, mport, sizeof mport))
@@ -294,6 +309,10 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
     err = "--config replaces IMAGE arguments and --plugin";
   else if (o->force_share && !o->readonly)
     err = "--force-share needs --readonly (a writer cannot share the image)";
+  else if (c->run.cmd && c->run.fork)
+    err = "--run keeps the server in the foreground: no --fork with it";
+  else if (c->check_config && (c->run.cmd || c->run.fork))
+    err = "--check-config starts no server: no --run or --fork with it";
   else if (nargs == 0 && !c->co.plugin && !o->config) {
     cli_error("serve", NULL, "no image given");
     usage(stderr, c);
@@ -346,6 +365,8 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"metrics", required_argument, NULL, OPT_METRICS},
       {"config", required_argument, NULL, OPT_CONFIG},
       {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
+      {"run", required_argument, NULL, OPT_RUN},
+      {"fork", no_argument, NULL, OPT_FORK},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   struct option lo[CLI_MAX_LONGOPTS];
@@ -390,8 +411,9 @@ static void show_exports(const struct config *cf, const struct export_set *s,
     print_export(&cf->v[i], s, o->plugin);
 }
 
-static int write_pid_file(void *opaque) {
-  return cli_write_pid_file(opaque);
+static int on_ready(void *opaque) {
+  struct serve_cli *c = opaque;
+  return serve_run_ready(&c->run, &c->so);
 }
 
 int serve_main(int argc, char **argv) {
@@ -410,11 +432,12 @@ int serve_main(int argc, char **argv) {
     ret = server_check(&c.so, show_exports, &c.so);
     goto out;
   }
-  if (c.co.pid_file) {
-    c.so.ready = write_pid_file;
-    c.so.opaque = (void *)c.co.pid_file;
-  }
-  ret = server_run(&c.so);
+  c.run.pid_file = c.co.pid_file;
+  if (serve_run_prepare(&c.run, &c.so) < 0)
+    goto out;
+  c.so.ready = on_ready;
+  c.so.opaque = &c;
+  ret = serve_run_finish(&c.run, server_run(&c.so));
   if (c.co.pid_file)
     unlink(c.co.pid_file);
 out:
