@@ -24,6 +24,7 @@ static const struct command {
     {"map", map_main, "show where an image's data lives"},
     {"convert", convert_main,
      "copy an image into a new raw or qcow2 file or RBD image"},
+    {"compare", compare_main, "whether two images hold the same bytes"},
 };
 
 static void usage(FILE *f) {
