@@ -16,7 +16,8 @@
 #include "commands.h"
 
 static const char check_usage[] =
-    "Usage: blockport check [-U] [--repair leaks|all] IMAGE\n"
+    "Usage: blockport check [-q] [-U] [-f FMT] [--output human|json]\n"
+    "                       [--repair leaks|all] IMAGE\n"
     "Check a qcow2 image's metadata as qemu-img check does: every host\n"
     "cluster's refcount against the references to it (tables, data,\n"
     "snapshots, persistent bitmaps), and the COPIED flags.\n"
@@ -26,6 +27,12 @@ static const char check_usage[] =
     "                      dirty and corrupt bits once nothing is left\n"
     "  -U, --force-share   check an image that another process writes\n"
     "                      (read-only, so no repair)\n"
+    "  -f, --format FMT    the image's format (qcow2 or raw; default:\n"
+    "                      probed)\n"
+    "      --output human|json  the result as text (default) or as the\n"
+    "                      JSON object qemu-img check --output=json prints\n"
+    "  -q, --quiet         print no result (the exit status says it)\n"
+    "Each problem is named on stderr, as qemu-img does.\n"
     "IMAGE may also be an NBD URI, which shows no metadata to check.\n"
     "Exit status, as qemu-img check's (after a repair: of the image as\n"
     "repaired): 0 no errors, 2 corruptions, 3 leaks only, 1 the check could\n"
@@ -57,35 +64,102 @@ static void print_result(const struct qcow2_check_result *r) {
     printf("Image end offset: %llu\n", (unsigned long long)r->image_end);
 }
 
-static int usage_error(void) {
-  fputs(check_usage, stderr);
+/* The JSON of qemu-img check --output=json: counts that are 0 are left
+ * out, as qemu-img leaves them out. */
+static void print_json(const struct qcow2_check_result *r, const char *path) {
+  const struct {
+    const char *key;
+    uint64_t v;
+    bool always;
+  } f[] = {{"image-end-offset", r->image_end, false},
+           {"total-clusters", r->total, false},
+           {"corruptions", r->corruptions, false},
+           {"check-errors", r->check_errors, true},
+           {"leaks", r->leaks, false},
+           {"corruptions-fixed", r->corruptions_fixed, false},
+           {"leaks-fixed", r->leaks_fixed, false},
+           {"allocated-clusters", r->allocated, false},
+           {"fragmented-clusters", r->fragmented, false},
+           {"compressed-clusters", r->compressed, false}};
+  printf("{\n");
+  for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+    if (f[i].v || f[i].always)
+      printf("    \"%s\": %llu,\n", f[i].key, (unsigned long long)f[i].v);
+  printf("    \"filename\": ");
+  cli_json_str(path);
+  printf(",\n    \"format\": \"qcow2\"\n}\n");
+}
+
+static int usage_error(const char *why) {
+  if (why)
+    cli_error("check", NULL, "%s", why);
+  fputs("Try 'blockport check --help'.\n", stderr);
   return 1;
+}
+
+enum output { OUT_HUMAN, OUT_JSON, OUT_QUIET };
+
+/* Which format to check: the one given, or the probe's.  0, 63 (no
+ * metadata to check) or 1, said. */
+static int image_format(const char *path, const char *given) {
+  const char *fmt = given;
+  if (!fmt && probe_file(path, &fmt) < 0) {
+    cli_error("check", NULL, "%s", bd_errmsg());
+    return 1;
+  }
+  if (!probe_supported(fmt)) {
+    probe_set_unsupported_error(path, fmt);
+    cli_error("check", NULL, "%s", bd_errmsg());
+    return 1;
+  }
+  if (strcmp(fmt, "qcow2") != 0) {
+    cli_error("check", path, "a raw image has no metadata to check");
+    return 63;
+  }
+  return 0;
 }
 
 int check_main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"repair", required_argument, NULL, 'r'},
       {"force-share", no_argument, NULL, 'U'},
+      {"format", required_argument, NULL, 'f'},
+      {"output", required_argument, NULL, 'o'},
+      {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   enum qcow2_repair repair = QCOW2_REPAIR_NONE;
-  bool share = false;
+  enum output out = OUT_HUMAN;
+  const char *fmt = NULL;
+  bool share = false, quiet = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "r:Uh", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "r:Uf:qh", longopts, NULL)) != -1) {
     if (ch == 'U')
       share = true;
+    else if (ch == 'f')
+      fmt = optarg;
+    else if (ch == 'q')
+      quiet = true;
+    else if (ch == 'o' && (!strcmp(optarg, "human") || !strcmp(optarg, "json")))
+      out = !strcmp(optarg, "json") ? OUT_JSON : OUT_HUMAN;
+    else if (ch == 'o')
+      return usage_error("--output must be human or json");
     else if (ch == 'r' && !strcmp(optarg, "leaks"))
       repair = QCOW2_REPAIR_LEAKS;
     else if (ch == 'r' && !strcmp(optarg, "all"))
       repair = QCOW2_REPAIR_ALL;
+    else if (ch == 'r')
+      return usage_error("--repair must be leaks or all");
     else if (ch == 'h') {
       fputs(check_usage, stdout);
       return 0;
     } else
-      return usage_error();
+      return usage_error(NULL);
   }
   if (optind + 1 != argc)
-    return usage_error();
+    return usage_error("expected one image");
+  if (quiet)
+    out = OUT_QUIET;
   if (share && repair != QCOW2_REPAIR_NONE) {
     cli_error("check", NULL,
               "--force-share opens read-only: it cannot be used with "
@@ -99,27 +173,19 @@ int check_main(int argc, char **argv) {
               "to check (check the image on the server)");
     return 63;
   }
-  const char *fmt;
-  if (probe_file(path, &fmt) < 0) {
-    cli_error("check", NULL, "%s", bd_errmsg());
-    return 1;
-  }
-  if (!probe_supported(fmt)) {
-    probe_set_unsupported_error(path, fmt);
-    cli_error("check", NULL, "%s", bd_errmsg());
-    return 1;
-  }
-  if (strcmp(fmt, "qcow2") != 0) {
-    cli_error("check", path, "a raw image has no metadata to check");
-    return 63;
-  }
+  int r = image_format(path, fmt);
+  if (r != 0)
+    return r;
   struct qcow2_check_result res;
   fflush(stdout);
-  if (qcow2_check_path(path, repair, share, stdout, &res) < 0) {
+  if (qcow2_check_path(path, repair, share, stderr, &res) < 0) {
     cli_error("check", NULL, "Check failed: %s", bd_errmsg());
     return 1;
   }
-  print_result(&res);
+  if (out == OUT_JSON)
+    print_json(&res, path);
+  else if (out == OUT_HUMAN)
+    print_result(&res);
   if (res.check_errors) {
     cli_error("check", NULL, "Check failed");
     return 1;

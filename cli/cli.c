@@ -47,3 +47,39 @@ void cli_error(const char *cmd, const char *file, const char *fmt, ...) {
   cli_verror(cmd, file, fmt, ap);
   va_end(ap);
 }
+
+/* Length of the valid UTF-8 sequence at P, or 0. */
+static size_t utf8_len(const unsigned char *p) {
+  size_t n = p[0] >= 0xf0 && p[0] <= 0xf4   ? 4
+             : p[0] >= 0xe0                 ? 3
+             : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+                                            : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((p[i] & 0xc0) != 0x80)
+      return 0;
+  /* No overlong forms, surrogates or code points past U+10FFFF. */
+  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
+      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
+    return 0;
+  return n;
+}
+
+/* A JSON string; bytes that are not UTF-8 become U+FFFD. */
+void cli_json_str(const char *s) {
+  putchar('"');
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    size_t n;
+    if (*p == '"' || *p == '\\')
+      printf("\\%c", *p);
+    else if (*p < 0x20 || *p == 0x7f)
+      printf("\\u%04x", *p);
+    else if (*p < 0x80)
+      putchar(*p);
+    else if ((n = utf8_len(p)) != 0) {
+      fwrite(p, 1, n, stdout);
+      p += n - 1;
+    } else
+      fputs("\\ufffd", stdout);
+  }
+  putchar('"');
+}

@@ -18,4 +18,7 @@ void cli_error(const char *cmd, const char *file, const char *fmt, ...)
 void cli_verror(const char *cmd, const char *file, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
+/* S as a JSON string on stdout; bytes that are not UTF-8 become U+FFFD. */
+void cli_json_str(const char *s);
+
 #endif

@@ -195,42 +195,6 @@ static void human_size(char *buf, size_t len, uint64_t v) {
            suffix[i]);
 }
 
-/* Length of the valid UTF-8 sequence at P, or 0. */
-static size_t utf8_len(const unsigned char *p) {
-  size_t n = p[0] >= 0xf0 && p[0] <= 0xf4   ? 4
-             : p[0] >= 0xe0                 ? 3
-             : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
-                                            : 0;
-  for (size_t i = 1; i < n; i++)
-    if ((p[i] & 0xc0) != 0x80)
-      return 0;
-  /* No overlong forms, surrogates or code points past U+10FFFF. */
-  if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) ||
-      (p[0] == 0xf0 && p[1] < 0x90) || (p[0] == 0xf4 && p[1] > 0x8f))
-    return 0;
-  return n;
-}
-
-/* A JSON string; bytes that are not UTF-8 become U+FFFD. */
-static void json_str(const char *s) {
-  putchar('"');
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    size_t n;
-    if (*p == '"' || *p == '\\')
-      printf("\\%c", *p);
-    else if (*p < 0x20 || *p == 0x7f)
-      printf("\\u%04x", *p);
-    else if (*p < 0x80)
-      putchar(*p);
-    else if ((n = utf8_len(p)) != 0) {
-      fwrite(p, 1, n, stdout);
-      p += n - 1;
-    } else
-      fputs("\\ufffd", stdout);
-  }
-  putchar('"');
-}
-
 static void print_snapshot_line(const struct qcow2_snapshot *s) {
   char size[32], date[32], clock[32], icount[24] = "";
   human_size(size, sizeof size, s->vm_state_size);
@@ -364,9 +328,9 @@ static void print_rbd_json(const struct rbd_admin_info *r, const char *ind) {
     for (size_t i = 0; i < r->nsnaps; i++) {
       const struct rbd_admin_snap *s = &r->snaps[i];
       printf("%s        {\n%s            \"id\": ", ind, ind);
-      json_str(s->name);
+      cli_json_str(s->name);
       printf(",\n%s            \"name\": ", ind);
-      json_str(s->name);
+      cli_json_str(s->name);
       printf(",\n%s            \"vm-state-size\": %" PRIu64 ",\n", ind,
              s->size);
       printf("%s            \"date-sec\": %" PRId64 ",\n", ind, s->date_sec);
@@ -390,7 +354,7 @@ static void print_rbd_json(const struct rbd_admin_info *r, const char *ind) {
 static void print_json(const struct image *im, const char *ind) {
   const struct qcow2_info *q = &im->q;
   printf("%s{\n%s    \"filename\": ", ind, ind);
-  json_str(im->filename);
+  cli_json_str(im->filename);
   printf(",\n%s    \"format\": \"%s\",\n", ind, im->format);
   printf("%s    \"virtual-size\": %" PRIu64 ",\n", ind, im->vsize);
   if (!im->remote) {
@@ -403,13 +367,13 @@ static void print_json(const struct image *im, const char *ind) {
     printf("%s    \"cluster-size\": %" PRIu64 ",\n", ind, q->cluster_size);
     if (q->backing) {
       printf("%s    \"backing-filename\": ", ind);
-      json_str(q->backing);
+      cli_json_str(q->backing);
       printf(",\n%s    \"full-backing-filename\": ", ind);
-      json_str(im->full_backing);
+      cli_json_str(im->full_backing);
       printf(",\n");
       if (q->backing_format[0]) {
         printf("%s    \"backing-filename-format\": ", ind);
-        json_str(q->backing_format);
+        cli_json_str(q->backing_format);
         printf(",\n");
       }
     }
@@ -418,9 +382,9 @@ static void print_json(const struct image *im, const char *ind) {
       for (uint32_t i = 0; i < q->nsnaps; i++) {
         const struct qcow2_snapshot *s = &q->snaps[i];
         printf("%s        {\n%s            \"id\": ", ind, ind);
-        json_str(s->id);
+        cli_json_str(s->id);
         printf(",\n%s            \"name\": ", ind);
-        json_str(s->name);
+        cli_json_str(s->name);
         printf(",\n%s            \"vm-state-size\": %" PRIu64 ",\n", ind,
                s->vm_state_size);
         printf("%s            \"date-sec\": %u,\n", ind, s->date_sec);
@@ -455,7 +419,7 @@ static void print_json(const struct image *im, const char *ind) {
         if (bm->flags & 2)
           printf("\"auto\"");
         printf("], \"name\": ");
-        json_str(bm->name);
+        cli_json_str(bm->name);
         printf(", \"granularity\": %llu}%s\n", 1ull << bm->granularity_bits,
                i + 1 < q->nbitmaps ? "," : "");
       }
@@ -465,7 +429,7 @@ static void print_json(const struct image *im, const char *ind) {
            v3 || (q->has_data_file) ? "," : "");
     if (q->has_data_file) {
       printf("%s%s\"data-file\": ", ind, d);
-      json_str(q->data_file);
+      cli_json_str(q->data_file);
       printf(",\n%s%s\"data-file-raw\": %s%s\n", ind, d, tf(q->data_file_raw),
              v3 ? "," : "");
     }
