@@ -12,11 +12,12 @@
 #include "commands.h"
 
 static const char map_usage[] =
-    "Usage: blockport map [--json] [-f FMT] [-U] IMAGE\n"
+    "Usage: blockport map [--output human|json] [-f FMT] [-U] IMAGE\n"
     "Print where each range of IMAGE lives: which layer of its backing chain\n"
     "(depth), whether it is allocated (present), reads as zeroes, holds data,\n"
-    "and at which offset of which file.  --json prints the fields of\n"
-    "`qemu-img map --output=json`.  -U/--force-share maps an image that\n"
+    "and at which offset of which file.  --output=json (or --json) prints\n"
+    "the fields of `qemu-img map --output=json`; --output=human (the\n"
+    "default) its table.  -U/--force-share maps an image that\n"
     "another process writes (without it, such an image is refused).\n"
     "IMAGE may be an NBD URI or rbd:POOL/IMAGE[@SNAP] (with fast-diff, an\n"
     "RBD image maps by whole objects, as qemu-img map shows it).\n"
@@ -77,6 +78,7 @@ static int walk(struct bd *bd, bool json) {
 int map_main(int argc, char **argv) {
   static const struct option longopts[] = {
       {"json", no_argument, NULL, 'j'},
+      {"output", required_argument, NULL, 'o'},
       {"format", required_argument, NULL, 'f'},
       {"force-share", no_argument, NULL, 'U'},
       {"help", no_argument, NULL, 'h'},
@@ -87,6 +89,14 @@ int map_main(int argc, char **argv) {
   while ((ch = getopt_long(argc, argv, "jf:Uh", longopts, NULL)) != -1) {
     switch (ch) {
     case 'j': json = true; break;
+    case 'o':
+      if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
+        cli_error("map", NULL, "--output must be human or json");
+        fputs("Try 'blockport map --help'.\n", stderr);
+        return 1;
+      }
+      json = !strcmp(optarg, "json");
+      break;
     case 'f': fmt = optarg; break;
     case 'U': share = true; break;
     case 'h': fputs(map_usage, stdout); return 0;

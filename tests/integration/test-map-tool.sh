@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# blockport map --json prints exactly what qemu-img map --output=json prints,
-# on images made by QEMU: allocated, sparse, zero and compressed clusters,
+# blockport map --json (and --output=json) prints exactly what qemu-img map
+# --output=json prints, on images made by QEMU: allocated, sparse, zero and compressed clusters,
 # preallocation, a depth-3 chain with a short backing file, raw files.
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io
@@ -39,3 +39,16 @@ check "a missing image: exit 1"
 rc=0; "$BLOCKPORT" map nonexistent.qcow2 2>err.txt || rc=$?
 [ $rc -eq 1 ] || fail "exit $rc"
 ok "refused"
+
+check "qemu-img's spelling: --output=json and --output=human"
+for img in top.qcow2 comp.qcow2; do
+  "$BLOCKPORT" map --output=json "$img" >bp.json || fail "--output=json $img"
+  qemu-img map --output=json "$img" >q.json
+  diff -u q.json bp.json || fail "$img: --output=json differs"
+  "$BLOCKPORT" map --output human "$img" >bp.txt || fail "--output human $img"
+  qemu-img map --output=human "$img" >q.txt
+  diff -u <(tr -s ' ' <q.txt) <(tr -s ' ' <bp.txt) || fail "$img: --output human differs"
+done
+rc=0; "$BLOCKPORT" map --output=xml top.qcow2 2>err.txt || rc=$?
+[ $rc -eq 1 ] && grep -q "human or json" err.txt || fail "--output=xml: exit $rc"
+ok "--output=json, --output human, --output=xml refused"
