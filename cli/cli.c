@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +85,59 @@ void cli_json_str(const char *s) {
       fputs("\\ufffd", stdout);
   }
   putchar('"');
+}
+
+/* The multiplier of a size suffix qemu accepts, or 0. */
+static uint64_t size_suffix(char c) {
+  switch (c) {
+  case 'b':
+  case 'B': return 1;
+  case 'k':
+  case 'K': return 1ull << 10;
+  case 'm':
+  case 'M': return 1ull << 20;
+  case 'g':
+  case 'G': return 1ull << 30;
+  case 't':
+  case 'T': return 1ull << 40;
+  case 'p':
+  case 'P': return 1ull << 50;
+  case 'e':
+  case 'E': return 1ull << 60;
+  default: return 0;
+  }
+}
+
+int cli_parse_qemu_size(const char *s, uint64_t *out) {
+  while (isspace((unsigned char)*s))
+    s++;
+  bool hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  if (!isdigit((unsigned char)*s))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, hex ? 16 : 10);
+  if (errno || end == s)
+    return -1;
+  /* A fraction: decimal digits only (no exponent), not after hex. */
+  double frac = 0, scale = 0.1;
+  if (*end == '.') {
+    if (hex)
+      return -1;
+    for (end++; isdigit((unsigned char)*end); end++, scale /= 10)
+      frac += (*end - '0') * scale;
+  }
+  uint64_t mul = size_suffix(*end);
+  if (mul)
+    end++;
+  else
+    mul = 1;
+  if (*end || (mul == 1 && frac > 0) || v > (uint64_t)INT64_MAX / mul)
+    return -1;
+  uint64_t r = (uint64_t)v * mul;
+  uint64_t f = (uint64_t)(frac * (double)mul);
+  if (f > (uint64_t)INT64_MAX - r)
+    return -1;
+  *out = r + f;
+  return 0;
 }

@@ -4,6 +4,7 @@
 #define BLOCKPORT_CLI_H
 
 #include <stdarg.h>
+#include <stdint.h>
 
 /* A decimal number in [MIN, MAX].  Returns 0, or -1 when S is not one. */
 int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
@@ -17,6 +18,12 @@ void cli_error(const char *cmd, const char *file, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void cli_verror(const char *cmd, const char *file, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
+
+/* An image size as qemu-img reads one: a decimal (or 0x hex) number, a
+ * decimal fraction only with a suffix, and at most one suffix of b, k, M,
+ * G, T, P, E (any case; powers of 1024), below 2^63.  "1.5G" is taken,
+ * "1MiB" and "1KB" are not.  0, or -1 when S is not one. */
+int cli_parse_qemu_size(const char *s, uint64_t *out);
 
 /* S as a JSON string on stdout; bytes that are not UTF-8 become U+FFFD. */
 void cli_json_str(const char *s);

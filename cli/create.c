@@ -23,7 +23,7 @@
 #include "commands.h"
 
 static const char create_usage[] =
-    "Usage: blockport create -f FMT [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
+    "Usage: blockport create [-f FMT] [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
     "[SIZE]\n"
     "       blockport create [-f raw] [-o cluster_size=SIZE] "
     "rbd:POOL/IMAGE SIZE\n"
@@ -31,10 +31,11 @@ static const char create_usage[] =
     "new Ceph RBD image (an existing one is an error) with the cluster's\n"
     "default features.\n"
     "\n"
-    "FMT is qcow2 or raw (RBD images: raw).  SIZE takes the suffixes k, M, G, "
-    "T, P, E (powers\n"
-    "of 1024) and is rounded up to 512 bytes; with a backing file it defaults\n"
-    "to the backing file's size.\n"
+    "FMT is qcow2 or raw (default raw, as qemu-img's; RBD images: raw).\n"
+    "SIZE is read as qemu-img reads it: a number with at most one suffix\n"
+    "k, M, G, T, P, E (powers of 1024; a fraction with one: 1.5G), rounded\n"
+    "up to 512 bytes; with a backing file it defaults to the backing file's\n"
+    "size.  -o help lists the options of FMT.\n"
     "\n"
     "  -f, --format FMT          image format: qcow2 or raw\n"
     "  -o, --options OPTS        comma separated KEY=VALUE options (below)\n"
@@ -65,6 +66,7 @@ static const char create_usage[] =
 struct create_args {
   const char *fmt, *file, *backing, *backing_fmt;
   bool has_size, unsafe, quiet;
+  bool help; /* -o help */
   uint64_t size;
   struct qcow2_create_opts q;
   bool raw_opt_seen; /* an option raw does not take */
@@ -107,7 +109,7 @@ static int log2_exact(uint64_t v) {
 }
 
 static int parse_size_arg(const char *s, uint64_t *out) {
-  if (bd_parse_size(s, out) < 0)
+  if (cli_parse_qemu_size(s, out) < 0)
     return -1;
   if (*out > UINT64_MAX - 511)
     return -1;
@@ -143,7 +145,9 @@ static int set_option(struct create_args *a, char *kv) {
   }
   if (!strcmp(kv, "size")) {
     if (parse_size_arg(v, &a->size) < 0)
-      return err_usage("invalid size '%s'", v);
+      return err_usage("invalid size '%s' (suffixes k, M, G, T, P, E; "
+                       "1.5G is 1.5 GiB)",
+                       v);
     a->has_size = true;
     return 0;
   }
@@ -151,7 +155,7 @@ static int set_option(struct create_args *a, char *kv) {
     snprintf(a->bad_opt, sizeof a->bad_opt, "%s", kv);
   a->raw_opt_seen = true;
   if (!strcmp(kv, "cluster_size")) {
-    if (bd_parse_size(v, &n) < 0 || log2_exact(n) < 0)
+    if (cli_parse_qemu_size(v, &n) < 0 || log2_exact(n) < 0)
       return err_usage("invalid cluster_size '%s' (a power of two)", v);
     a->cluster_size = n;
   } else if (!strcmp(kv, "compat")) {
@@ -193,6 +197,37 @@ static int set_option(struct create_args *a, char *kv) {
     return err_usage("unknown option '%s'", kv);
   }
   return 0;
+}
+
+/* -o help, as qemu-img create -o help lists them. */
+static void options_help(const char *fmt) {
+  if (fmt && !strcmp(fmt, "qcow2"))
+    fputs("Supported qcow2 options:\n"
+          "  backing_file=<str>     - File name of a base image\n"
+          "  backing_fmt=<str>      - Image format of the base image\n"
+          "  cluster_size=<size>    - qcow2 cluster size\n"
+          "  compat=<str>           - Compatibility level (v2 [0.10] or v3 "
+          "[1.1])\n"
+          "  compression_type=<str> - Compression method used for image "
+          "cluster compression (zlib, zstd)\n"
+          "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
+          "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
+          "  preallocation=<str>    - Preallocation mode (allowed values: "
+          "off, metadata, falloc, full)\n"
+          "  refcount_bits=<num>    - Width of a reference count entry in "
+          "bits\n"
+          "  size=<size>            - Virtual disk size\n",
+          stdout);
+  else
+    fputs("Supported raw options:\n"
+          "  preallocation=<str>    - Preallocation mode (allowed values: "
+          "off, falloc, full)\n"
+          "  size=<size>            - Virtual disk size\n",
+          stdout);
+}
+
+static bool is_help(const char *list) {
+  return !strcmp(list, "help") || !strcmp(list, "?");
 }
 
 static int set_options(struct create_args *a, const char *list) {
@@ -242,6 +277,10 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     switch (ch) {
     case 'f': a->fmt = optarg; break;
     case 'o':
+      if (is_help(optarg)) {
+        a->help = true;
+        break;
+      }
       if (set_options(a, optarg) < 0)
         return -1;
       break;
@@ -255,10 +294,12 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
   }
   if (optind < argc)
     a->rbd = rbd_spec_matches(argv[optind]);
-  if (!a->fmt && a->rbd)
-    a->fmt = "raw";
   if (!a->fmt)
-    return err_usage("%s", "no format given (-f qcow2 or -f raw)");
+    a->fmt = "raw"; /* as qemu-img create */
+  if (a->help) {
+    options_help(a->fmt);
+    exit(0);
+  }
   if (a->rbd && strcmp(a->fmt, "raw"))
     return err_usage("%s images cannot be made on RBD: an RBD image is raw "
                      "(-f raw)",
@@ -270,7 +311,9 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
   a->file = argv[optind++];
   if (optind < argc) {
     if (parse_size_arg(argv[optind], &a->size) < 0)
-      return err_usage("invalid size '%s'", argv[optind]);
+      return err_usage("invalid size '%s' (suffixes k, M, G, T, P, E; "
+                       "1.5G is 1.5 GiB)",
+                       argv[optind]);
     a->has_size = true;
     optind++;
   }

@@ -175,6 +175,28 @@ run "$BLOCKPORT" create -q -f raw -o preallocation=falloc "$T/r3.raw" 4M
 (($(stat -c %b "$T/r3.raw") * 512 >= 4 * 1024 * 1024)) || fail_soft "raw falloc"
 ok "raw"
 
+check "qemu-img's conventions: -f raw by default, sizes as it reads them, -o help"
+run "$BLOCKPORT" create -q "$T/d.img" 1M
+expect_field "$T/d.img" 'j["format"]' raw
+for sz in 1.5G 1MiB 1KB 1b 1 1000 0.1k 1.3 1e3 " 1G" 1G5 8E 0x1000 1.0 1.5b \
+    1.5K 010 -1 "" 1.0001k 2.5T; do
+    q=$(qemu-img create -q -f qcow2 "$T/q.qcow2" "$sz" 2>/dev/null &&
+        info_field "$T/q.qcow2" 'j["virtual-size"]' || echo refused)
+    b=$("$BLOCKPORT" create -q -f qcow2 "$T/b.qcow2" "$sz" 2>/dev/null &&
+        info_field "$T/b.qcow2" 'j["virtual-size"]' || echo refused)
+    rm -f "$T/q.qcow2" "$T/b.qcow2"
+    [[ $q == "$b" ]] || fail_soft "size '$sz': qemu-img $q, blockport $b"
+done
+for fmt in qcow2 raw; do
+    "$BLOCKPORT" create -f "$fmt" -o help >"$T/help.$fmt" ||
+        fail_soft "-f $fmt -o help: exit $?"
+    while read -r key; do
+        grep -q "^  $key=" "$T/help.$fmt" || fail_soft "-f $fmt -o help lacks $key"
+    done < <(qemu-img create -f "$fmt" -o help |
+        grep -oE '^  (size|preallocation|cluster_size|compat|refcount_bits|extended_l2|lazy_refcounts|compression_type|backing_file|backing_fmt)=' | sed -E 's/^ +//; s/=$//')
+done
+ok "-f raw by default; sizes accepted and refused as qemu-img does; -o help"
+
 check "errors: usage and refused options exit 1 (qemu-img's convention), with a message"
 expect_rc() { # WANT CMD...
     local want=$1 rc=0
@@ -185,7 +207,6 @@ expect_rc() { # WANT CMD...
     grep -qiE 'sanitizer|runtime error' "$T/err" && fail_soft "'$*': sanitizer report"
     return 0
 }
-expect_rc 1 "$BLOCKPORT" create "$T/e.qcow2" 1M
 expect_rc 1 "$BLOCKPORT" create -f vmdk "$T/e.qcow2" 1M
 expect_rc 1 "$BLOCKPORT" create -f qcow2 "$T/e.qcow2"
 expect_rc 1 "$BLOCKPORT" create -f qcow2 "$T/e.qcow2" 1Q
