@@ -92,8 +92,9 @@ static void print_json(const struct qcow2_check_result *r, const char *path) {
 
 static int usage_error(const char *why) {
   if (why)
-    cli_error("check", NULL, "%s", why);
-  fputs("Try 'blockport check --help'.\n", stderr);
+    cli_usage_error("check", "%s", why);
+  else
+    cli_usage_error("check", NULL);
   return 1;
 }
 

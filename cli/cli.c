@@ -141,3 +141,13 @@ int cli_parse_qemu_size(const char *s, uint64_t *out) {
   *out = r + f;
   return 0;
 }
+
+void cli_usage_error(const char *cmd, const char *fmt, ...) {
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(cmd, NULL, fmt, ap);
+    va_end(ap);
+  }
+  fprintf(stderr, "Try 'blockport %s --help'.\n", cmd);
+}

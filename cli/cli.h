@@ -25,6 +25,11 @@ void cli_verror(const char *cmd, const char *file, const char *fmt, va_list ap)
  * "1MiB" and "1KB" are not.  0, or -1 when S is not one. */
 int cli_parse_qemu_size(const char *s, uint64_t *out);
 
+/* A usage error of CMD: "blockport CMD: REASON" (none when FMT is NULL:
+ * getopt has said it) and one line pointing at --help, on stderr. */
+void cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* S as a JSON string on stdout; bytes that are not UTF-8 become U+FFFD. */
 void cli_json_str(const char *s);
 

@@ -245,12 +245,11 @@ int compare_main(int argc, char **argv) {
     case 's': c.strict = true; break;
     case 'U': share = true; break;
     case 'h': fputs(compare_usage, stdout); return SAME;
-    default: fputs("Try 'blockport compare --help'.\n", stderr); return E_OPEN;
+    default: cli_usage_error("compare", NULL); return E_OPEN;
     }
   }
   if (argc - optind != 2) {
-    cli_error("compare", NULL, "expected two images");
-    fputs("Try 'blockport compare --help'.\n", stderr);
+    cli_usage_error("compare", "expected two images");
     return E_OPEN;
   }
   c.a.name = argv[optind];

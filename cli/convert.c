@@ -495,7 +495,7 @@ int convert_main(int argc, char **argv) {
     case 'B': d.backing = optarg; break;
     case 'F': d.backing_fmt = optarg; break;
     case 'h': fputs(convert_usage, stdout); return 0;
-    default: fputs(convert_usage, stderr); return 1;
+    default: cli_usage_error("convert", NULL); return 1;
     }
   }
   /* --plugin: the last argument is DST, the others the parameters. */
@@ -504,7 +504,11 @@ int convert_main(int argc, char **argv) {
                    : NULL;
   if ((plugin ? !spec : optind + 2 != argc) || !ofmt ||
       (strcmp(ofmt, "raw") != 0 && strcmp(ofmt, "qcow2") != 0)) {
-    fputs(convert_usage, stderr);
+    cli_usage_error("convert", "%s",
+                    !ofmt ? "no output format given (-O raw or -O qcow2)"
+                    : strcmp(ofmt, "raw") && strcmp(ofmt, "qcow2")
+                        ? "-O: expected raw or qcow2"
+                        : "expected SRC and DST");
     free(spec);
     return 1;
   }

@@ -289,7 +289,7 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     case 'u': a->unsafe = true; break;
     case 'q': a->quiet = true; break;
     case 'h': fputs(create_usage, stdout); exit(0);
-    default: fputs(create_usage, stderr); return -1;
+    default: cli_usage_error("create", NULL); return -1;
     }
   }
   if (optind < argc)

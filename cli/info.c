@@ -475,13 +475,13 @@ int info_main(int argc, char **argv) {
     case 'B': chain = true; break;
     case 'U': force_share = true; break;
     case 'h': fputs(info_usage, stdout); return 0;
-    default: fputs(info_usage, stderr); return 1;
+    default: cli_usage_error("info", NULL); return 1;
     }
   }
   if (optind + 1 != argc) {
-    cli_error("info", NULL, "%s",
-              optind >= argc ? "no image given" : "more than one image given");
-    fputs(info_usage, stderr);
+    cli_usage_error("info", "%s",
+                    optind >= argc ? "no image given"
+                                   : "more than one image given");
     return 1;
   }
 

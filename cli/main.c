@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport: one program, subcommands for each way to reach a disk. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +38,26 @@ static void usage(FILE *f) {
   fputs("\n  blockport --version | --help\n", f);
 }
 
+/* --version among a command's options (before any "--"). */
+static bool asks_version(int argc, char **argv) {
+  for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
+    if (!strcmp(argv[i], "--version"))
+      return true;
+  return false;
+}
+
+static int run_command(const struct command *c, int argc, char **argv) {
+  if (asks_version(argc, argv)) {
+    printf("blockport %s\n", BLOCKPORT_VERSION);
+    return 0;
+  }
+  /* getopt names the program by argv[0] in its messages. */
+  char name[64];
+  snprintf(name, sizeof name, "blockport %s", c->name);
+  argv[0] = name;
+  return c->main(argc, argv);
+}
+
 int main(int argc, char **argv) {
   bd_formats_install(formats_registry);
   if (argc < 2) {
@@ -54,8 +75,8 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(cmd, commands[i].name))
-      return commands[i].main(argc - 1, argv + 1);
-  fprintf(stderr, "blockport: unknown command '%s'\n", cmd);
-  usage(stderr);
+      return run_command(&commands[i], argc - 1, argv + 1);
+  fprintf(stderr, "blockport: unknown command '%s'\nTry 'blockport --help'.\n",
+          cmd);
   return 1;
 }

@@ -91,8 +91,7 @@ int map_main(int argc, char **argv) {
     case 'j': json = true; break;
     case 'o':
       if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
-        cli_error("map", NULL, "--output must be human or json");
-        fputs("Try 'blockport map --help'.\n", stderr);
+        cli_usage_error("map", "--output must be human or json");
         return 1;
       }
       json = !strcmp(optarg, "json");
@@ -100,11 +99,13 @@ int map_main(int argc, char **argv) {
     case 'f': fmt = optarg; break;
     case 'U': share = true; break;
     case 'h': fputs(map_usage, stdout); return 0;
-    default: fputs(map_usage, stderr); return 1;
+    default: cli_usage_error("map", NULL); return 1;
     }
   }
   if (optind + 1 != argc) {
-    fputs(map_usage, stderr);
+    cli_usage_error("map", "%s",
+                    optind >= argc ? "no image given"
+                                   : "more than one image given");
     return 1;
   }
   struct bd *bd = bd_open_flags(argv[optind], fmt,

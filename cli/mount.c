@@ -330,8 +330,7 @@ static void usage(FILE *f, const struct mount_opts *o) {
 static int plugin_source(int argc, char **argv, struct mount_opts *o) {
   const char *plugin = o->co.plugin;
   if (argc - optind < 1) {
-    cli_error("mount", NULL, "expected MOUNTPOINT");
-    usage(stderr, o);
+    cli_usage_error("mount", "expected MOUNTPOINT");
     return -1;
   }
   o->mountpoint = argv[argc - 1];
@@ -361,17 +360,17 @@ static int own_option(struct mount_opts *o, int ch, const char *arg) {
     o->direct_io = strcmp(arg, "page") != 0;
     o->co.open.cache = BD_CACHE_WRITEBACK;
     if (o->direct_io && bd_cache_parse(arg, &o->co.open.cache) < 0) {
-      cli_error("mount", NULL,
-                "--cache %s: expected none, writeback, writethrough, "
-                "directsync, unsafe or page",
-                arg);
+      cli_usage_error("mount",
+                      "--cache %s: expected none, writeback, writethrough, "
+                      "directsync, unsafe or page",
+                      arg);
       return -1;
     }
     break;
   case 't':
     if (cli_parse_uint(arg, 1, 1024, &o->threads) < 0) {
-      cli_error("mount", NULL, "--threads %s: expected a number in 1-1024",
-                arg);
+      cli_usage_error("mount", "--threads %s: expected a number in 1-1024",
+                      arg);
       return -1;
     }
     break;
@@ -410,8 +409,7 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
   if (o->co.plugin)
     return plugin_source(argc, argv, o);
   if (argc - optind != 2) {
-    cli_error("mount", NULL, "expected SOURCE and MOUNTPOINT");
-    usage(stderr, o);
+    cli_usage_error("mount", "expected SOURCE and MOUNTPOINT");
     return -1;
   }
   o->source = argv[optind];

@@ -155,7 +155,7 @@ static int bad(const struct cli_common *c, const struct shared_opt *t,
   char opt[40];
   snprintf(opt, sizeof opt, "%s%s", t->name ? "--" : "-",
            t->name ? t->name : (char[]){(char)t->val, 0});
-  cli_error(c->cmd, NULL, "%s %s: expected %s", opt, arg, expected);
+  cli_usage_error(c->cmd, "%s %s: expected %s", opt, arg, expected);
   return -1;
 }
 
@@ -309,7 +309,7 @@ int cli_getopt(int argc, char **argv, struct cli_common *c,
     }
     if ((r = option(cmd, ch, optarg)) == 0 &&
         (r = cli_opts_handle(c, ch, optarg)) == 0) {
-      usage(stderr, cmd);
+      cli_usage_error(c->cmd, NULL);
       return -1;
     }
     if (r < 0)

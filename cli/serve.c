@@ -140,7 +140,7 @@ static void usage(FILE *f, const struct serve_cli *c) {
 }
 
 static int bad(const char *opt, const char *arg, const char *expected) {
-  cli_error("serve", NULL, "%s %s: expected %s", opt, arg, expected);
+  cli_usage_error("serve", "%s %s: expected %s", opt, arg, expected);
   return -1;
 }
 
@@ -285,7 +285,7 @@ static int one_option(struct serve_cli *c, int ch, const char *arg) {
   if (!r)
     r = cli_opts_handle(&c->co, ch, arg);
   if (!r)
-    usage(stderr, c);
+    cli_usage_error("serve", NULL);
   return r ? r : -1;
 }
 
@@ -314,12 +314,11 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
   else if (c->check_config && (c->run.cmd || c->run.fork))
     err = "--check-config starts no server: no --run or --fork with it";
   else if (nargs == 0 && !c->co.plugin && !o->config) {
-    cli_error("serve", NULL, "no image given");
-    usage(stderr, c);
+    cli_usage_error("serve", "no image given");
     return -1;
   }
   if (err)
-    cli_error("serve", NULL, "%s", err);
+    cli_usage_error("serve", "%s", err);
   return err ? -1 : 0;
 }
 

@@ -80,7 +80,8 @@ static int own_option(struct vhost_opts *o, int ch, const char *arg) {
   case 's': o->vhu.socket_path = arg; break;
   case 'q':
     if (cli_parse_uint(arg, 1, VHU_MAX_QUEUES, &o->vhu.queues) < 0) {
-      cli_error("vhost", NULL, "invalid queue count '%s'", arg);
+      cli_usage_error("vhost", "--queues %s: expected a number in 1-%u", arg,
+                      (unsigned)VHU_MAX_QUEUES);
       return -1;
     }
     break;
@@ -95,7 +96,10 @@ static int own_option(struct vhost_opts *o, int ch, const char *arg) {
 /* The source: SOURCE, or the plugin with the arguments as parameters. */
 static int take_source(int argc, char **argv, struct vhost_opts *o) {
   if (!o->vhu.socket_path || (!o->co.plugin && optind + 1 != argc)) {
-    usage(stderr, o);
+    cli_usage_error("vhost", "%s",
+                    !o->vhu.socket_path ? "no --socket PATH given"
+                    : optind >= argc    ? "no SOURCE given"
+                                        : "more than one SOURCE given");
     return -1;
   }
   if (!o->co.plugin) {

@@ -136,7 +136,7 @@ for args in "" "--repair bogus $T/u.qcow2" "$T/u.qcow2 $T/u.qcow2" "--bogus $T/u
   # shellcheck disable=SC2086
   bp_check $args
   [ $RC -eq 1 ] || { cat "$T/bp.txt"; fail "'check $args': exit $RC, want 1"; }
-  grep -q "Usage:" "$T/bp.txt" || { cat "$T/bp.txt"; fail "'check $args': no usage"; }
+  grep -q "Try 'blockport check --help'" "$T/bp.txt" || { cat "$T/bp.txt"; fail "'check $args': no pointer at --help"; }
 done
 bp_check --help
 [ $RC -eq 0 ] || fail "--help: exit $RC"
