@@ -21,6 +21,7 @@
 #include "backing.h"
 #include "cli.h"
 #include "commands.h"
+#include "image-opts.h"
 
 static const char create_usage[] =
     "Usage: blockport create [-f FMT] [-o OPTIONS] [-b BACKING [-F FMT]] FILE "
@@ -64,15 +65,10 @@ static const char create_usage[] =
     "                            (default: the cluster's, usually 4M)\n";
 
 struct create_args {
-  const char *fmt, *file, *backing, *backing_fmt;
-  bool has_size, unsafe, quiet;
-  bool help; /* -o help */
-  uint64_t size;
-  struct qcow2_create_opts q;
-  bool raw_opt_seen; /* an option raw does not take */
-  char bad_opt[64];
-  bool rbd;              /* FILE is rbd:POOL/IMAGE */
-  uint64_t cluster_size; /* -o cluster_size, checked for the format */
+  const char *fmt, *file;
+  bool unsafe, quiet;
+  struct image_opts o; /* -o, and -b, -F and SIZE into it */
+  bool rbd;            /* FILE is rbd:POOL/IMAGE */
 };
 
 static int err_usage(const char *fmt, ...)
@@ -87,27 +83,6 @@ static int err_usage(const char *fmt, ...) {
   return -1;
 }
 
-static int parse_bool(const char *v, bool *out) {
-  if (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "yes"))
-    *out = true;
-  else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "no"))
-    *out = false;
-  else
-    return -1;
-  return 0;
-}
-
-static int log2_exact(uint64_t v) {
-  if (v == 0 || (v & (v - 1)))
-    return -1;
-  int n = 0;
-  while (v > 1) {
-    v >>= 1;
-    n++;
-  }
-  return n;
-}
-
 static int parse_size_arg(const char *s, uint64_t *out) {
   if (cli_parse_qemu_size(s, out) < 0)
     return -1;
@@ -117,147 +92,21 @@ static int parse_size_arg(const char *s, uint64_t *out) {
   return 0;
 }
 
-/* Copies of -o values that outlive the option string. */
-static char *opt_backing, *opt_backing_fmt;
-
-/* One KEY=VALUE option.  Returns 0 or -1 (message printed). */
-static int set_option(struct create_args *a, char *kv) {
-  char *v = strchr(kv, '=');
-  if (!v)
-    return err_usage("option '%s' needs a value (KEY=VALUE)", kv);
-  *v++ = 0;
-  struct qcow2_create_opts *q = &a->q;
-  bool b;
-  uint64_t n;
-  int bits;
-  if (!strcmp(kv, "preallocation")) {
-    if (!strcmp(v, "off"))
-      q->prealloc = QCOW2_PREALLOC_OFF;
-    else if (!strcmp(v, "metadata"))
-      q->prealloc = QCOW2_PREALLOC_METADATA;
-    else if (!strcmp(v, "falloc"))
-      q->prealloc = QCOW2_PREALLOC_FALLOC;
-    else if (!strcmp(v, "full"))
-      q->prealloc = QCOW2_PREALLOC_FULL;
-    else
-      return err_usage("invalid preallocation mode '%s'", v);
-    return 0;
-  }
-  if (!strcmp(kv, "size")) {
-    if (parse_size_arg(v, &a->size) < 0)
-      return err_usage("invalid size '%s' (suffixes k, M, G, T, P, E; "
-                       "1.5G is 1.5 GiB)",
-                       v);
-    a->has_size = true;
-    return 0;
-  }
-  if (!a->raw_opt_seen)
-    snprintf(a->bad_opt, sizeof a->bad_opt, "%s", kv);
-  a->raw_opt_seen = true;
-  if (!strcmp(kv, "cluster_size")) {
-    if (cli_parse_qemu_size(v, &n) < 0 || log2_exact(n) < 0)
-      return err_usage("invalid cluster_size '%s' (a power of two)", v);
-    a->cluster_size = n;
-  } else if (!strcmp(kv, "compat")) {
-    if (!strcmp(v, "0.10") || !strcmp(v, "v2"))
-      q->version = 2;
-    else if (!strcmp(v, "1.1") || !strcmp(v, "v3"))
-      q->version = 3;
-    else
-      return err_usage("invalid compat '%s' (0.10 or 1.1)", v);
-  } else if (!strcmp(kv, "backing_file")) {
-    free(opt_backing);
-    a->backing = opt_backing = strdup(v);
-  } else if (!strcmp(kv, "backing_fmt")) {
-    free(opt_backing_fmt);
-    a->backing_fmt = opt_backing_fmt = strdup(v);
-  } else if (!strcmp(kv, "extended_l2")) {
-    if (parse_bool(v, &b) < 0)
-      return err_usage("invalid extended_l2 '%s' (on or off)", v);
-    q->extended_l2 = b;
-  } else if (!strcmp(kv, "lazy_refcounts")) {
-    if (parse_bool(v, &b) < 0)
-      return err_usage("invalid lazy_refcounts '%s' (on or off)", v);
-    q->lazy_refcounts = b;
-  } else if (!strcmp(kv, "compression_type")) {
-    if (!strcmp(v, "zlib"))
-      q->compression_type = 0;
-    else if (!strcmp(v, "zstd"))
-      q->compression_type = 1;
-    else
-      return err_usage("invalid compression_type '%s' (zlib or zstd)", v);
-  } else if (!strcmp(kv, "refcount_bits")) {
-    char *end;
-    errno = 0;
-    unsigned long r = strtoul(v, &end, 10);
-    if (errno || *end || (bits = log2_exact(r)) < 0 || bits > 6)
-      return err_usage("invalid refcount_bits '%s' (1, 2, 4, ... 64)", v);
-    q->refcount_order = (unsigned)bits;
-  } else {
-    return err_usage("unknown option '%s'", kv);
-  }
-  return 0;
-}
-
-/* -o help, as qemu-img create -o help lists them. */
-static void options_help(const char *fmt) {
-  if (fmt && !strcmp(fmt, "qcow2"))
-    fputs("Supported qcow2 options:\n"
-          "  backing_file=<str>     - File name of a base image\n"
-          "  backing_fmt=<str>      - Image format of the base image\n"
-          "  cluster_size=<size>    - qcow2 cluster size\n"
-          "  compat=<str>           - Compatibility level (v2 [0.10] or v3 "
-          "[1.1])\n"
-          "  compression_type=<str> - Compression method used for image "
-          "cluster compression (zlib, zstd)\n"
-          "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
-          "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
-          "  preallocation=<str>    - Preallocation mode (allowed values: "
-          "off, metadata, falloc, full)\n"
-          "  refcount_bits=<num>    - Width of a reference count entry in "
-          "bits\n"
-          "  size=<size>            - Virtual disk size\n",
-          stdout);
-  else
-    fputs("Supported raw options:\n"
-          "  preallocation=<str>    - Preallocation mode (allowed values: "
-          "off, falloc, full)\n"
-          "  size=<size>            - Virtual disk size\n",
-          stdout);
-}
-
-static bool is_help(const char *list) {
-  return !strcmp(list, "help") || !strcmp(list, "?");
-}
-
-static int set_options(struct create_args *a, const char *list) {
-  char *copy = strdup(list);
-  if (!copy)
-    return -1;
-  int r = 0;
-  char *save = NULL;
-  for (char *kv = strtok_r(copy, ",", &save); kv && r == 0;
-       kv = strtok_r(NULL, ",", &save))
-    r = set_option(a, kv);
-  free(copy);
-  return r;
-}
-
 /* An RBD image: raw, a size, and at most an object size. */
 static int check_rbd_args(struct create_args *a) {
-  if (a->backing || a->backing_fmt)
+  if (a->o.backing || a->o.backing_fmt)
     return err_usage("%s", "RBD images cannot have a backing file");
-  if (a->raw_opt_seen && strcmp(a->bad_opt, "cluster_size"))
-    return err_usage("RBD images do not take the option '%s'", a->bad_opt);
-  if (a->q.prealloc != QCOW2_PREALLOC_OFF)
+  if (a->o.qcow2_only && strcmp(a->o.bad_opt, "cluster_size"))
+    return err_usage("RBD images do not take the option '%s'", a->o.bad_opt);
+  if (a->o.q.prealloc != QCOW2_PREALLOC_OFF)
     return err_usage("%s", "RBD images take no preallocation");
-  int bits = a->cluster_size ? log2_exact(a->cluster_size) : 0;
-  if (a->cluster_size &&
+  int bits = a->o.cluster_size ? image_opts_log2(a->o.cluster_size) : 0;
+  if (a->o.cluster_size &&
       (bits < RBD_ADMIN_MIN_ORDER || bits > RBD_ADMIN_MAX_ORDER))
     return err_usage("invalid cluster_size %llu for RBD (a power of two from "
                      "4k to 32M)",
-                     (unsigned long long)a->cluster_size);
-  if (!a->has_size)
+                     (unsigned long long)a->o.cluster_size);
+  if (!a->o.has_size)
     return err_usage("%s", "no size given");
   return 0;
 }
@@ -277,15 +126,11 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     switch (ch) {
     case 'f': a->fmt = optarg; break;
     case 'o':
-      if (is_help(optarg)) {
-        a->help = true;
-        break;
-      }
-      if (set_options(a, optarg) < 0)
+      if (image_opts_parse("create", &a->o, optarg) < 0)
         return -1;
       break;
-    case 'b': a->backing = optarg; break;
-    case 'F': a->backing_fmt = optarg; break;
+    case 'b': a->o.backing = optarg; break;
+    case 'F': a->o.backing_fmt = optarg; break;
     case 'u': a->unsafe = true; break;
     case 'q': a->quiet = true; break;
     case 'h': fputs(create_usage, stdout); exit(0);
@@ -296,8 +141,8 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     a->rbd = rbd_spec_matches(argv[optind]);
   if (!a->fmt)
     a->fmt = "raw"; /* as qemu-img create */
-  if (a->help) {
-    options_help(a->fmt);
+  if (a->o.help) {
+    image_opts_help(a->fmt);
     exit(0);
   }
   if (a->rbd && strcmp(a->fmt, "raw"))
@@ -310,39 +155,26 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
     return err_usage("%s", "no file given");
   a->file = argv[optind++];
   if (optind < argc) {
-    if (parse_size_arg(argv[optind], &a->size) < 0)
+    if (parse_size_arg(argv[optind], &a->o.size) < 0)
       return err_usage("invalid size '%s' (suffixes k, M, G, T, P, E; "
                        "1.5G is 1.5 GiB)",
                        argv[optind]);
-    a->has_size = true;
+    a->o.has_size = true;
     optind++;
   }
   if (optind < argc)
     return err_usage("unexpected argument '%s'", argv[optind]);
   if (a->rbd)
     return check_rbd_args(a);
-  if (a->cluster_size) {
-    int bits = log2_exact(a->cluster_size);
-    if (bits < 9 || bits > 21)
-      return err_usage("invalid cluster_size %llu (a power of two from 512 "
-                       "to 2M)",
-                       (unsigned long long)a->cluster_size);
-    a->q.cluster_bits = (unsigned)bits;
-  }
-  if (!strcmp(a->fmt, "raw")) {
-    if (a->raw_opt_seen)
-      return err_usage("raw images do not take the option '%s'", a->bad_opt);
-    if (a->backing || a->backing_fmt)
-      return err_usage("%s", "raw images cannot have a backing file");
-    if (a->q.prealloc == QCOW2_PREALLOC_METADATA)
-      return err_usage("%s", "raw images take preallocation=off, falloc or "
-                             "full");
-  }
-  if (a->backing_fmt && strcmp(a->backing_fmt, "raw") &&
-      strcmp(a->backing_fmt, "qcow2"))
+  if (!strcmp(a->fmt, "raw") && (a->o.backing || a->o.backing_fmt))
+    return err_usage("%s", "raw images cannot have a backing file");
+  if (image_opts_check("create", &a->o, a->fmt) < 0)
+    return -1;
+  if (a->o.backing_fmt && strcmp(a->o.backing_fmt, "raw") &&
+      strcmp(a->o.backing_fmt, "qcow2"))
     return err_usage("unknown backing format '%s' (raw or qcow2)",
-                     a->backing_fmt);
-  if (!a->has_size && !a->backing)
+                     a->o.backing_fmt);
+  if (!a->o.has_size && !a->o.backing)
     return err_usage("%s", "no size given");
   return 0;
 }
@@ -350,7 +182,7 @@ static int parse_args(int argc, char **argv, struct create_args *a) {
 /* Probe the backing file's format and size (unless -u). */
 static int check_backing(struct create_args *a) {
   /* The backing file as opened: relative to the new image's directory. */
-  char *path = qcow2_backing_path(a->file, a->backing);
+  char *path = qcow2_backing_path(a->file, a->o.backing);
   if (!path) {
     fprintf(stderr, "blockport create: out of memory\n");
     return -1;
@@ -367,23 +199,24 @@ static int check_backing(struct create_args *a) {
   }
   if (a->unsafe) {
     free(path);
-    if (!a->has_size) {
+    if (!a->o.has_size) {
       fprintf(stderr, "blockport create: -u needs a size\n");
       return -1;
     }
     return 0;
   }
   free(path);
-  struct bd *b = cli_open_backing(a->file, a->backing, &a->backing_fmt, &path);
+  struct bd *b =
+      cli_open_backing(a->file, a->o.backing, &a->o.backing_fmt, &path);
   if (!b) {
     fprintf(stderr, "blockport create: cannot open backing file %s: %s\n",
-            path ? path : a->backing, bd_errmsg());
+            path ? path : a->o.backing, bd_errmsg());
     free(path);
     return -1;
   }
-  if (!a->has_size) {
-    a->size = (b->size + 511) & ~511ull;
-    a->has_size = true;
+  if (!a->o.has_size) {
+    a->o.size = (b->size + 511) & ~511ull;
+    a->o.has_size = true;
   }
   bd_close(b);
   free(path);
@@ -391,18 +224,18 @@ static int check_backing(struct create_args *a) {
 }
 
 static int create_raw(const struct create_args *a, int fd) {
-  if (ftruncate(fd, (off_t)a->size) < 0)
+  if (ftruncate(fd, (off_t)a->o.size) < 0)
     return -errno;
-  if (a->q.prealloc == QCOW2_PREALLOC_FALLOC && a->size) {
-    int e = posix_fallocate(fd, 0, (off_t)a->size);
+  if (a->o.q.prealloc == QCOW2_PREALLOC_FALLOC && a->o.size) {
+    int e = posix_fallocate(fd, 0, (off_t)a->o.size);
     if (e)
       return -e;
   }
-  if (a->q.prealloc == QCOW2_PREALLOC_FULL) {
+  if (a->o.q.prealloc == QCOW2_PREALLOC_FULL) {
     static const uint8_t zero[65536];
-    for (uint64_t off = 0; off < a->size;) {
-      size_t n =
-          a->size - off < sizeof zero ? (size_t)(a->size - off) : sizeof zero;
+    for (uint64_t off = 0; off < a->o.size;) {
+      size_t n = a->o.size - off < sizeof zero ? (size_t)(a->o.size - off)
+                                               : sizeof zero;
       ssize_t w = pwrite(fd, zero, n, (off_t)off);
       if (w < 0 && errno == EINTR)
         continue;
@@ -425,40 +258,38 @@ static const char *prealloc_name(enum qcow2_prealloc p) {
 
 /* rbd:POOL/IMAGE through librbd, printed as qemu-img prints it. */
 static int create_rbd(const struct create_args *a) {
-  int order = a->cluster_size ? log2_exact(a->cluster_size) : 0;
+  int order = a->o.cluster_size ? image_opts_log2(a->o.cluster_size) : 0;
   if (!a->quiet) {
     printf("Formatting '%s', fmt=raw size=%llu", a->file,
-           (unsigned long long)a->size);
-    if (a->cluster_size)
-      printf(" cluster_size=%llu", (unsigned long long)a->cluster_size);
+           (unsigned long long)a->o.size);
+    if (a->o.cluster_size)
+      printf(" cluster_size=%llu", (unsigned long long)a->o.cluster_size);
     printf("\n");
     fflush(stdout);
   }
-  if (rbd_admin_create(a->file, a->size, order, BD_RBD_TIMEOUT_DEFAULT) < 0) {
+  if (rbd_admin_create(a->file, a->o.size, order, BD_RBD_TIMEOUT_DEFAULT) < 0) {
     cli_error("create", NULL, "%s", bd_errmsg());
     return 1;
   }
   return 0;
 }
 
-int create_main(int argc, char **argv) {
-  struct create_args a = {
-      .q = {.version = 3, .cluster_bits = 16, .refcount_order = 4}};
-  if (parse_args(argc, argv, &a) < 0)
-    return 1;
+/* The image the parsed arguments AP describe. */
+static int create(const struct create_args *ap) {
+  struct create_args a = *ap; /* the -o strings stay the caller's */
   if (a.rbd)
     return create_rbd(&a);
-  if (a.backing && check_backing(&a) < 0)
+  if (a.o.backing && check_backing(&a) < 0)
     return 1;
 
   bool qcow2 = !strcmp(a.fmt, "qcow2");
   struct qcow2_layout l;
   char err[512];
   if (qcow2) {
-    a.q.size = a.size;
-    a.q.backing_file = a.backing;
-    a.q.backing_fmt = a.backing ? a.backing_fmt : NULL;
-    if (qcow2_create_layout(&a.q, &l) < 0) {
+    a.o.q.size = a.o.size;
+    a.o.q.backing_file = a.o.backing;
+    a.o.q.backing_fmt = a.o.backing ? a.o.backing_fmt : NULL;
+    if (qcow2_create_layout(&a.o.q, &l) < 0) {
       cli_error("create", a.file, "%s", bd_errmsg());
       return 1;
     }
@@ -467,13 +298,13 @@ int create_main(int argc, char **argv) {
     printf("Formatting '%s', fmt=%s", a.file, a.fmt);
     if (qcow2)
       printf(" cluster_size=%llu compat=%s", (unsigned long long)l.csize,
-             a.q.version == 3 ? "1.1" : "0.10");
-    if (a.backing)
-      printf(" backing_file=%s", a.backing);
-    if (a.backing && a.backing_fmt)
-      printf(" backing_fmt=%s", a.backing_fmt);
-    printf(" preallocation=%s size=%llu\n", prealloc_name(a.q.prealloc),
-           (unsigned long long)a.size);
+             a.o.q.version == 3 ? "1.1" : "0.10");
+    if (a.o.backing)
+      printf(" backing_file=%s", a.o.backing);
+    if (a.o.backing && a.o.backing_fmt)
+      printf(" backing_fmt=%s", a.o.backing_fmt);
+    printf(" preallocation=%s size=%llu\n", prealloc_name(a.o.q.prealloc),
+           (unsigned long long)a.o.size);
     fflush(stdout);
   }
 
@@ -496,7 +327,7 @@ int create_main(int argc, char **argv) {
   }
   int r;
   if (qcow2) {
-    r = qcow2_create_write(fd, &a.q, &l);
+    r = qcow2_create_write(fd, &a.o.q, &l);
     if (r < 0)
       snprintf(err, sizeof err, "%s", bd_errmsg());
   } else {
@@ -513,4 +344,12 @@ int create_main(int argc, char **argv) {
     return 1;
   }
   return 0;
+}
+
+int create_main(int argc, char **argv) {
+  struct create_args a = {0};
+  image_opts_init(&a.o);
+  int ret = parse_args(argc, argv, &a) < 0 ? 1 : create(&a);
+  image_opts_free(&a.o);
+  return ret;
 }

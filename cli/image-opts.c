@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+#include "image-opts.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+void image_opts_init(struct image_opts *o) {
+  *o = (struct image_opts){
+      .q = {.version = 3, .cluster_bits = 16, .refcount_order = 4}};
+}
+
+void image_opts_free(struct image_opts *o) {
+  free(o->owned[0]);
+  free(o->owned[1]);
+  o->owned[0] = o->owned[1] = NULL;
+}
+
+int image_opts_log2(uint64_t v) {
+  if (v == 0 || (v & (v - 1)))
+    return -1;
+  int n = 0;
+  while (v > 1) {
+    v >>= 1;
+    n++;
+  }
+  return n;
+}
+
+static int parse_bool(const char *v, bool *out) {
+  if (!strcmp(v, "on") || !strcmp(v, "true") || !strcmp(v, "yes"))
+    *out = true;
+  else if (!strcmp(v, "off") || !strcmp(v, "false") || !strcmp(v, "no"))
+    *out = false;
+  else
+    return -1;
+  return 0;
+}
+
+/* "invalid KEY 'VALUE' (WHAT)". */
+static int bad(const char *cmd, const char *key, const char *v,
+               const char *what) {
+  cli_usage_error(cmd, "invalid %s '%s'%s%s%s", key, v, what ? " (" : "",
+                  what ? what : "", what ? ")" : "");
+  return -1;
+}
+
+/* A string value kept past the option list (slot I of o->owned). */
+static const char *keep(struct image_opts *o, int i, const char *v) {
+  free(o->owned[i]);
+  o->owned[i] = strdup(v);
+  return o->owned[i];
+}
+
+static int set_prealloc(const char *cmd, struct image_opts *o, const char *v) {
+  if (!strcmp(v, "off"))
+    o->q.prealloc = QCOW2_PREALLOC_OFF;
+  else if (!strcmp(v, "metadata"))
+    o->q.prealloc = QCOW2_PREALLOC_METADATA;
+  else if (!strcmp(v, "falloc"))
+    o->q.prealloc = QCOW2_PREALLOC_FALLOC;
+  else if (!strcmp(v, "full"))
+    o->q.prealloc = QCOW2_PREALLOC_FULL;
+  else
+    return bad(cmd, "preallocation mode", v, NULL);
+  return 0;
+}
+
+/* The options only qcow2 takes (cluster_size also RBD).  0, 1 when K is
+ * none of them, or -1 (said). */
+static int set_qcow2(const char *cmd, struct image_opts *o, const char *k,
+                     const char *v) {
+  struct qcow2_create_opts *q = &o->q;
+  bool b;
+  int bits;
+  if (!strcmp(k, "cluster_size")) {
+    if (cli_parse_qemu_size(v, &o->cluster_size) < 0 ||
+        image_opts_log2(o->cluster_size) < 0)
+      return bad(cmd, "cluster_size", v, "a power of two");
+  } else if (!strcmp(k, "compat")) {
+    if (!strcmp(v, "0.10") || !strcmp(v, "v2"))
+      q->version = 2;
+    else if (!strcmp(v, "1.1") || !strcmp(v, "v3"))
+      q->version = 3;
+    else
+      return bad(cmd, "compat", v, "0.10 or 1.1");
+  } else if (!strcmp(k, "backing_file")) {
+    o->backing = keep(o, 0, v);
+  } else if (!strcmp(k, "backing_fmt")) {
+    o->backing_fmt = keep(o, 1, v);
+  } else if (!strcmp(k, "extended_l2")) {
+    if (parse_bool(v, &b) < 0)
+      return bad(cmd, "extended_l2", v, "on or off");
+    q->extended_l2 = b;
+  } else if (!strcmp(k, "lazy_refcounts")) {
+    if (parse_bool(v, &b) < 0)
+      return bad(cmd, "lazy_refcounts", v, "on or off");
+    q->lazy_refcounts = b;
+  } else if (!strcmp(k, "compression_type")) {
+    if (!strcmp(v, "zlib"))
+      q->compression_type = 0;
+    else if (!strcmp(v, "zstd"))
+      q->compression_type = 1;
+    else
+      return bad(cmd, "compression_type", v, "zlib or zstd");
+  } else if (!strcmp(k, "refcount_bits")) {
+    char *end;
+    errno = 0;
+    unsigned long r = strtoul(v, &end, 10);
+    if (errno || *end || (bits = image_opts_log2(r)) < 0 || bits > 6)
+      return bad(cmd, "refcount_bits", v, "1, 2, 4, ... 64");
+    q->refcount_order = (unsigned)bits;
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+/* One KEY=VALUE.  0 or -1 (said). */
+static int set_option(const char *cmd, struct image_opts *o, char *kv) {
+  char *v = strchr(kv, '=');
+  if (!v)
+    return bad(cmd, "option", kv, "it needs a value: KEY=VALUE");
+  *v++ = 0;
+  if (!strcmp(kv, "preallocation"))
+    return set_prealloc(cmd, o, v);
+  if (!strcmp(kv, "size")) {
+    if (cli_parse_qemu_size(v, &o->size) < 0 || o->size > UINT64_MAX - 511)
+      return bad(cmd, "size", v, "suffixes k, M, G, T, P, E");
+    o->size = (o->size + 511) & ~511ull;
+    o->has_size = true;
+    return 0;
+  }
+  if (!o->qcow2_only)
+    snprintf(o->bad_opt, sizeof o->bad_opt, "%s", kv);
+  o->qcow2_only = true;
+  int r = set_qcow2(cmd, o, kv, v);
+  if (r == 1)
+    cli_usage_error(cmd, "unknown option '%s'", kv);
+  return r == 1 ? -1 : r;
+}
+
+int image_opts_parse(const char *cmd, struct image_opts *o, const char *list) {
+  if (!strcmp(list, "help") || !strcmp(list, "?")) {
+    o->help = true;
+    return 0;
+  }
+  char *copy = strdup(list);
+  if (!copy)
+    return -1;
+  int r = 0;
+  char *save = NULL;
+  for (char *kv = strtok_r(copy, ",", &save); kv && r == 0;
+       kv = strtok_r(NULL, ",", &save))
+    r = set_option(cmd, o, kv);
+  free(copy);
+  return r;
+}
+
+int image_opts_check(const char *cmd, struct image_opts *o, const char *fmt) {
+  if (!strcmp(fmt, "raw")) {
+    if (o->qcow2_only) {
+      cli_usage_error(cmd, "raw images do not take the option '%s'",
+                      o->bad_opt);
+      return -1;
+    }
+    if (o->q.prealloc == QCOW2_PREALLOC_METADATA) {
+      cli_usage_error(cmd, "raw images take preallocation=off, falloc or "
+                           "full");
+      return -1;
+    }
+    return 0;
+  }
+  if (o->cluster_size) {
+    int bits = image_opts_log2(o->cluster_size);
+    if (bits < 9 || bits > 21) {
+      cli_usage_error(cmd,
+                      "invalid cluster_size %llu (a power of two from 512 "
+                      "to 2M)",
+                      (unsigned long long)o->cluster_size);
+      return -1;
+    }
+    o->q.cluster_bits = (unsigned)bits;
+  }
+  return 0;
+}
+
+void image_opts_help(const char *fmt) {
+  if (fmt && !strcmp(fmt, "qcow2"))
+    fputs("Supported qcow2 options:\n"
+          "  backing_file=<str>     - File name of a base image\n"
+          "  backing_fmt=<str>      - Image format of the base image\n"
+          "  cluster_size=<size>    - qcow2 cluster size\n"
+          "  compat=<str>           - Compatibility level (v2 [0.10] or v3 "
+          "[1.1])\n"
+          "  compression_type=<str> - Compression method used for image "
+          "cluster compression (zlib, zstd)\n"
+          "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
+          "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
+          "  preallocation=<str>    - Preallocation mode (allowed values: "
+          "off, metadata, falloc, full)\n"
+          "  refcount_bits=<num>    - Width of a reference count entry in "
+          "bits\n"
+          "  size=<size>            - Virtual disk size\n",
+          stdout);
+  else
+    fputs("Supported raw options:\n"
+          "  preallocation=<str>    - Preallocation mode (allowed values: "
+          "off, falloc, full)\n"
+          "  size=<size>            - Virtual disk size\n",
+          stdout);
+}
