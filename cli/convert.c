@@ -24,16 +24,18 @@
 #include "backing.h"
 #include "cli.h"
 #include "commands.h"
+#include "image-opts.h"
 
-#define CHUNK (2u * 1024 * 1024) /* bytes per request */
-#define SLOTS 16                 /* requests in flight */
+#define CHUNK (2u * 1024 * 1024) /* bytes per request, at least */
+#define SLOTS 16                 /* requests in flight, at most (-m) */
 #define WALK (256ull << 20)      /* block status asked per step */
-#define GRAIN (64u * 1024)       /* compared and written per cluster */
+#define MAX_SPARSE (16u << 20)   /* -S, as qemu-img allows it */
 
 static const char convert_usage[] =
-    "Usage: blockport convert [-p] [-c] [-U] [-f FMT] -O raw|qcow2\n"
-    "                         [-B BACKING [-F FMT]] [-t CACHE] [-T CACHE]\n"
-    "                         SRC DST\n"
+    "Usage: blockport convert [-p] [-c] [-U] [-n] [-W] [-f FMT] -O raw|qcow2\n"
+    "                         [-o OPTIONS] [-B BACKING [-F FMT]] [-S SIZE]\n"
+    "                         [-m N] [-t CACHE] [-T CACHE]\n"
+    "                         [--target-is-zero] SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE,\n"
@@ -47,6 +49,20 @@ static const char convert_usage[] =
     "  -U            read a SRC that another process writes (without it,\n"
     "                such a SRC is refused, as by qemu-img)\n"
     "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n"
+    "  -o OPTIONS    options of the new DST, as create's -o (cluster_size,\n"
+    "                compat, extended_l2, compression_type, refcount_bits,\n"
+    "                lazy_refcounts, preallocation, backing_file,\n"
+    "                backing_fmt); -o help lists them\n"
+    "  -n            DST exists: write into it, do not create it (it must\n"
+    "                be as large as SRC); zeroes are written too\n"
+    "  --target-is-zero  with -n: DST reads as zeroes, skip writing them\n"
+    "  -S SIZE       zeroes are left unwritten (sparse) in aligned runs of\n"
+    "                SIZE, a multiple of 512 up to 16M (default: 4k for raw,\n"
+    "                the cluster size for qcow2); 0: write everything, the\n"
+    "                DST fully allocated\n"
+    "  -m N          requests in flight, 1-16 (default 16)\n"
+    "  -W            accepted for qemu-img's sake: writes are always out of\n"
+    "                order here\n"
     "  -B BACKING    DST (qcow2) gets BACKING as its backing file (a file\n"
     "                name relative to DST's directory, or an NBD URI) and\n"
     "                only the clusters where SRC differs from it\n"
@@ -87,6 +103,11 @@ struct copy {
   bool progress;
   uint32_t write_flags; /* BD_F_COMPRESS with -c */
   bool diff;            /* -B: write only what differs from the backing */
+  unsigned nslots;      /* -m */
+  uint64_t chunk;       /* bytes per request */
+  uint64_t grain;       /* -S: compared (and left sparse) per this much */
+  bool full;            /* -S 0: every byte written, as data */
+  bool dirty_dst;       /* -n without --target-is-zero: zeroes written */
 };
 
 static void add_done(struct copy *cp, uint64_t n) {
@@ -95,9 +116,9 @@ static void add_done(struct copy *cp, uint64_t n) {
   pthread_mutex_unlock(&cp->lock);
 }
 
-/* The end of the cluster of POS, or END. */
-static uint64_t grain_end(uint64_t pos, uint64_t end) {
-  uint64_t e = (pos / GRAIN + 1) * GRAIN;
+/* The end of the grain of POS, or END. */
+static uint64_t grain_end(const struct copy *cp, uint64_t pos, uint64_t end) {
+  uint64_t e = (pos / cp->grain + 1) * cp->grain;
   return e < end ? e : end;
 }
 
@@ -106,9 +127,12 @@ static bool all_zero(const uint8_t *p, uint64_t n) {
 }
 
 /* Whether the source's [a, b) equals what the destination holds there:
- * with -B its backing file's data, else zeroes (it is new). */
+ * with -B its backing file's data, else zeroes (it is new, or -n with
+ * --target-is-zero).  Never, when everything is written (-S 0, -n). */
 static bool same_at(const struct slot *s, uint64_t a, uint64_t b) {
   const uint8_t *p = s->buf + (a - s->start);
+  if (s->cp->full || s->cp->dirty_dst)
+    return false;
   return s->base ? !memcmp(p, s->base + (a - s->start), b - a)
                  : all_zero(p, b - a);
 }
@@ -117,13 +141,14 @@ static bool same_at(const struct slot *s, uint64_t a, uint64_t b) {
  * destination differ, as [*A, *B); false when there is none. */
 static bool next_diff(const struct slot *s, uint64_t *a, uint64_t *b) {
   uint64_t pos = s->pos, end = s->start + s->len;
-  while (pos < end && same_at(s, pos, grain_end(pos, end)))
-    pos = grain_end(pos, end);
+  const struct copy *cp = s->cp;
+  while (pos < end && same_at(s, pos, grain_end(cp, pos, end)))
+    pos = grain_end(cp, pos, end);
   if (pos == end)
     return false;
   *a = pos;
-  while (pos < end && !same_at(s, pos, grain_end(pos, end)))
-    pos = grain_end(pos, end);
+  while (pos < end && !same_at(s, pos, grain_end(cp, pos, end)))
+    pos = grain_end(cp, pos, end);
   *b = pos;
   return true;
 }
@@ -135,7 +160,7 @@ static bool write_next_diff(struct slot *s) {
   if (!next_diff(s, &a, &b))
     return false;
   uint8_t *p = s->buf + (a - s->start);
-  bool zero = all_zero(p, b - a);
+  bool zero = !s->cp->full && all_zero(p, b - a); /* -S 0: zeroes as data */
   s->phase = WRITING;
   s->pos = b;
   s->req = (struct bd_req){.cmd = zero ? BD_ZERO : BD_WRITE,
@@ -184,9 +209,11 @@ static void slot_done(struct bd_req *req, int err) {
 }
 
 static void show_progress(struct copy *cp) {
+  /* Grains widened around data may count a few bytes twice. */
+  uint64_t done = cp->done < cp->total ? cp->done : cp->total;
   if (cp->progress && cp->total)
     fprintf(stderr, "\r    (%6.2f/100%%)",
-            100.0 * (double)cp->done / (double)cp->total);
+            100.0 * (double)done / (double)cp->total);
 }
 
 /* Copy [off, off+len) in CHUNK pieces. */
@@ -200,8 +227,8 @@ static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
     pthread_mutex_unlock(&cp->lock);
     if (err)
       return err;
-    /* Pieces end on CHUNK boundaries: clusters are written whole. */
-    uint64_t n = CHUNK - off % CHUNK;
+    /* Pieces end on chunk boundaries: clusters are written whole. */
+    uint64_t n = cp->chunk - off % cp->chunk;
     n = len < n ? len : n;
     s->phase = READ_SRC;
     s->start = s->pos = off;
@@ -245,13 +272,39 @@ static int copy_zero_range(struct copy *cp, uint64_t off, uint64_t len) {
   return r;
 }
 
+/* One extent of the source's block status, [OFF, OFF+N).  *MARK is where
+ * the copies made so far end. */
+static int copy_extent(struct copy *cp, uint64_t off, uint64_t n, bool zero,
+                       uint64_t *mark) {
+  uint64_t end = off + n, size = cp->src->size;
+  if (zero && cp->diff) {
+    uint64_t a = off > *mark ? off : *mark;
+    *mark = end > *mark ? end : *mark;
+    return a < end ? copy_zero_range(cp, a, end - a) : 0;
+  }
+  if (zero && !cp->full && !cp->dirty_dst) {
+    add_done(cp, n); /* the destination reads as zeroes already */
+    return 0;
+  }
+  /* Whole grains, so that a run of zeroes shorter than a grain around the
+   * data is written too, as qemu-img -S writes it. */
+  uint64_t a = off - off % cp->grain;
+  uint64_t b = end % cp->grain ? end + cp->grain - end % cp->grain : end;
+  a = a > *mark ? a : *mark;
+  b = b < size ? b : size;
+  if (a >= b)
+    return 0;
+  *mark = b;
+  return copy_range(cp, a, b - a);
+}
+
 /* Walk the source's block status; copy what does not read as zeroes (the
  * new destination reads as zeroes everywhere already, or with -B as its
  * backing file: then zero ranges are compared too). */
 static int copy_all(struct copy *cp) {
   struct bd_extents ext;
   bd_extents_init(&ext, 0, 1024);
-  uint64_t off = 0, size = cp->src->size;
+  uint64_t off = 0, size = cp->src->size, mark = 0;
   int r = 0;
   while (r == 0 && off < size) {
     uint64_t len = size - off < WALK ? size - off : WALK;
@@ -263,13 +316,7 @@ static int copy_all(struct copy *cp) {
       r = -EIO;
     for (size_t i = 0; r == 0 && i < ext.n && off < size; i++) {
       uint64_t n = ext.v[i].length < size - off ? ext.v[i].length : size - off;
-      if ((ext.v[i].flags & BD_EXT_ZERO) && cp->diff) {
-        r = copy_zero_range(cp, off, n);
-      } else if (ext.v[i].flags & BD_EXT_ZERO) {
-        add_done(cp, n);
-      } else {
-        r = copy_range(cp, off, n);
-      }
+      r = copy_extent(cp, off, n, ext.v[i].flags & BD_EXT_ZERO, &mark);
       off += n;
       show_progress(cp);
     }
@@ -277,7 +324,7 @@ static int copy_all(struct copy *cp) {
   bd_extents_free(&ext);
   /* Wait for every slot to come home. */
   pthread_mutex_lock(&cp->lock);
-  while (cp->nfree < SLOTS)
+  while (cp->nfree < cp->nslots)
     pthread_cond_wait(&cp->cond, &cp->lock);
   if (r == 0)
     r = cp->err;
@@ -310,10 +357,16 @@ static bool is_open_here(const char *path) {
   return found;
 }
 
-/* What DST is made of: its format, and with -B its backing file. */
+/* What DST is made of: its format, -o (with -B as its backing file),
+ * and how it is written. */
 struct dst_opts {
-  const char *fmt, *backing, *backing_fmt;
+  const char *fmt;
+  struct image_opts o;            /* -o; -B and -F land in it */
   enum bd_cache cache, src_cache; /* -t, -T */
+  bool existing;                  /* -n */
+  bool target_zero;               /* --target-is-zero */
+  int64_t sparse;                 /* -S; -1: the format's default */
+  unsigned slots;                 /* -m */
 };
 
 /* A new RBD image, as big as the source; an existing one is refused. */
@@ -355,15 +408,14 @@ static int create_dst(const char *path, const struct dst_opts *d,
   char err[256] = "";
   int r = 0;
   if (!strcmp(fmt, "raw")) {
-    if (ftruncate(fd, (off_t)size) < 0)
-      snprintf(err, sizeof err, "%s", strerror(errno)), r = -1;
+    r = image_opts_raw_file(fd, size, d->o.q.prealloc);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", strerror(-r));
   } else {
-    struct qcow2_create_opts o = {.size = size,
-                                  .version = 3,
-                                  .cluster_bits = 16,
-                                  .refcount_order = 4,
-                                  .backing_file = d->backing,
-                                  .backing_fmt = d->backing_fmt};
+    struct qcow2_create_opts o = d->o.q;
+    o.size = size;
+    o.backing_file = d->o.backing;
+    o.backing_fmt = d->o.backing ? d->o.backing_fmt : NULL;
     struct qcow2_layout l;
     r = qcow2_create_layout(&o, &l);
     if (r == 0)
@@ -382,21 +434,84 @@ static int create_dst(const char *path, const struct dst_opts *d,
  * is touched, and DST naming it is caught as DST naming the source. */
 static struct bd *open_dst_backing(const char *dst_path, struct dst_opts *d) {
   char *path = NULL;
-  struct bd *b = cli_open_backing(dst_path, d->backing, &d->backing_fmt, &path);
+  struct bd *b =
+      cli_open_backing(dst_path, d->o.backing, &d->o.backing_fmt, &path);
   if (!b)
     cli_error("convert", NULL, "cannot open backing file %s: %s",
-              path ? path : d->backing, bd_errmsg());
+              path ? path : d->o.backing, bd_errmsg());
   free(path);
   return b;
+}
+
+/* How the copy goes: slots, chunk and grain (-m, -S), what is written. */
+static void copy_shape(struct copy *cp, const struct dst_opts *d) {
+  cp->nslots = d->slots ? d->slots : SLOTS;
+  cp->full = d->sparse == 0;
+  cp->dirty_dst = d->existing && !d->target_zero;
+  uint64_t csize = !strcmp(d->fmt, "qcow2") ? 1ull << d->o.q.cluster_bits : 0;
+  /* Zeroes are compared per cluster for qcow2 (whole clusters are then
+   * left unallocated), per 4k for raw, as qemu-img's default -S. */
+  cp->grain = d->sparse > 0 ? (uint64_t)d->sparse : csize ? csize : 4096;
+  cp->chunk = cp->grain > CHUNK ? cp->grain : CHUNK;
+}
+
+/* DST (made by create_dst(), or with -n as it is), checked to be large
+ * enough for SIZE bytes.  NULL (said) on failure. */
+static struct bd *open_dst(const char *dst_path, struct dst_opts *d,
+                           uint64_t size) {
+  if (d->existing && is_open_here(dst_path)) {
+    cli_error("convert", dst_path,
+              "the output is the input, or a file of its backing chain");
+    return NULL;
+  }
+  struct bd_open_opts oo = BD_OPEN_OPTS_INIT;
+  oo.format = d->fmt;
+  oo.cache = d->cache;
+  struct bd *dst = bd_open_with(dst_path, &oo);
+  if (!dst) {
+    cli_error("convert", NULL, "%s", bd_errmsg());
+    return NULL;
+  }
+  if (dst->size < size) {
+    cli_error("convert", dst_path,
+              "%llu bytes: smaller than the source (%llu bytes)",
+              (unsigned long long)dst->size, (unsigned long long)size);
+    bd_close(dst);
+    return NULL;
+  }
+  return dst;
+}
+
+static int run_copy(struct copy *cp) {
+  pthread_mutex_init(&cp->lock, NULL);
+  pthread_cond_init(&cp->cond, NULL);
+  for (unsigned i = 0; i < cp->nslots; i++) {
+    cp->slots[i].cp = cp;
+    cp->slots[i].buf = malloc(cp->chunk);
+    cp->slots[i].base = cp->diff ? malloc(cp->chunk) : NULL;
+    if (!cp->slots[i].buf || (cp->diff && !cp->slots[i].base))
+      cp->err = -ENOMEM;
+    cp->free[cp->nfree++] = &cp->slots[i];
+  }
+  int r = cp->err ? cp->err : copy_all(cp);
+  if (r == 0)
+    r = bd_flush(cp->dst);
+  for (unsigned i = 0; i < cp->nslots; i++) {
+    free(cp->slots[i].buf);
+    free(cp->slots[i].base);
+  }
+  pthread_cond_destroy(&cp->cond);
+  pthread_mutex_destroy(&cp->lock);
+  return r;
 }
 
 static int convert(const char *src_path, const char *sfmt, const char *dst_path,
                    struct dst_opts *d, bool progress, bool compress,
                    bool share) {
-  const char *ofmt = d->fmt;
   struct copy cp = {.progress = progress && isatty(2),
                     .write_flags = compress ? BD_F_COMPRESS : 0,
-                    .diff = d->backing != NULL};
+                    .diff = d->o.backing != NULL};
+  copy_shape(&cp, d);
   struct bd_open_opts so = BD_OPEN_OPTS_INIT;
   so.format = sfmt;
   so.flags = share ? BD_OPEN_SHARE : BD_OPEN_READONLY;
@@ -407,53 +522,26 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
     return 1;
   }
   int ret = 1;
-  struct bd *backing = d->backing ? open_dst_backing(dst_path, d) : NULL;
-  if (d->backing && !backing)
+  struct bd *backing = d->o.backing ? open_dst_backing(dst_path, d) : NULL;
+  if (d->o.backing && !backing)
     goto out;
   uint64_t size = cp.src->size;
-  if (!strcmp(ofmt, "qcow2") && size % 512) {
-    cli_error("convert", NULL,
-              "qcow2 needs a size that is a multiple of 512 (%s has %llu "
-              "bytes)",
-              src_path, (unsigned long long)size);
-    goto out;
-  }
-  int made = create_dst(dst_path, d, size);
+  /* A qcow2 image's size is whole sectors: rounded up, as qemu-img does
+   * (the rest reads as zeroes). */
+  uint64_t dsize =
+      !strcmp(d->fmt, "qcow2") && size % 512 ? size + 512 - size % 512 : size;
+  /* Made while the backing file is open: DST naming it is refused as DST
+   * naming the source is. */
+  int made = d->existing ? 0 : create_dst(dst_path, d, dsize);
   if (backing)
     bd_close(backing); /* DST opens its own */
   backing = NULL;
-  if (made < 0)
+  cp.dst = made < 0 ? NULL : open_dst(dst_path, d, dsize);
+  if (!cp.dst)
     goto out;
-  struct bd_open_opts oo = BD_OPEN_OPTS_INIT;
-  oo.format = ofmt;
-  oo.cache = d->cache;
-  cp.dst = bd_open_with(dst_path, &oo);
-  if (!cp.dst) {
-    cli_error("convert", NULL, "%s", bd_errmsg());
-    goto out;
-  }
-  pthread_mutex_init(&cp.lock, NULL);
-  pthread_cond_init(&cp.cond, NULL);
   cp.total = size;
-  for (unsigned i = 0; i < SLOTS; i++) {
-    cp.slots[i].cp = &cp;
-    cp.slots[i].buf = malloc(CHUNK);
-    cp.slots[i].base = cp.diff ? malloc(CHUNK) : NULL;
-    if (!cp.slots[i].buf || (cp.diff && !cp.slots[i].base))
-      cp.err = -ENOMEM;
-    cp.free[cp.nfree++] = &cp.slots[i];
-  }
-  int r = cp.err ? cp.err : copy_all(&cp);
-  if (r == 0)
-    r = bd_flush(cp.dst);
-  if (r == 0)
+  if (run_copy(&cp) == 0)
     ret = 0;
-  for (unsigned i = 0; i < SLOTS; i++) {
-    free(cp.slots[i].buf);
-    free(cp.slots[i].base);
-  }
-  pthread_cond_destroy(&cp.cond);
-  pthread_mutex_destroy(&cp.lock);
 out:
   if (backing)
     bd_close(backing);
@@ -463,82 +551,183 @@ out:
   return ret;
 }
 
-int convert_main(int argc, char **argv) {
+struct convert_args {
+  const char *sfmt, *ofmt, *plugin;
+  struct dst_opts d;
+  bool progress, compress, share;
+};
+
+/* A number of bytes for -S: a multiple of 512 up to 16M, or 0. */
+static int sparse_size(const char *arg, int64_t *out) {
+  uint64_t v;
+  if (cli_parse_qemu_size(arg, &v) < 0 || v % 512 || v > MAX_SPARSE) {
+    cli_usage_error("convert",
+                    "-S %s: expected a multiple of 512 up to 16M, or 0 "
+                    "(fully allocated)",
+                    arg);
+    return -1;
+  }
+  *out = (int64_t)v;
+  return 0;
+}
+
+static int cache_mode(int ch, const char *arg, enum bd_cache *out) {
+  if (bd_cache_parse(arg, out) == 0)
+    return 0;
+  cli_usage_error("convert",
+                  "-%c %s: expected none, writeback, writethrough, "
+                  "directsync or unsafe",
+                  ch, arg);
+  return -1;
+}
+
+/* -B and -F, which are -o backing_file and backing_fmt by another name. */
+static int backing_option(struct dst_opts *d, int ch, const char *arg) {
+  const char **slot = ch == 'B' ? &d->o.backing : &d->o.backing_fmt;
+  if (*slot && strcmp(*slot, arg)) {
+    cli_usage_error("convert", "-%c %s and -o %s=%s disagree", ch, arg,
+                    ch == 'B' ? "backing_file" : "backing_fmt", *slot);
+    return -1;
+  }
+  *slot = arg;
+  return 0;
+}
+
+/* -o LIST; its backing_file and backing_fmt must agree with -B and -F. */
+static int dst_options(struct dst_opts *d, const char *list) {
+  const char *b = d->o.backing, *f = d->o.backing_fmt;
+  if (image_opts_parse("convert", &d->o, list) < 0)
+    return -1;
+  if ((b && strcmp(b, d->o.backing)) || (f && strcmp(f, d->o.backing_fmt))) {
+    cli_usage_error("convert", "-B/-F and -o %s disagree",
+                    b && strcmp(b, d->o.backing) ? "backing_file"
+                                                 : "backing_fmt");
+    return -1;
+  }
+  return 0;
+}
+
+/* One option: 0, or -1 (said). */
+static int convert_option(struct convert_args *a, int ch, const char *arg) {
+  struct dst_opts *d = &a->d;
+  unsigned m;
+  switch (ch) {
+  case 't': return cache_mode(ch, arg, &d->cache);
+  case 'T': return cache_mode(ch, arg, &d->src_cache);
+  case 'U': a->share = true; return 0;
+  case 'G': a->plugin = arg; return 0;
+  case 'p': a->progress = true; return 0;
+  case 'c': a->compress = true; return 0;
+  case 'f': a->sfmt = arg; return 0;
+  case 'O': a->ofmt = arg; return 0;
+  case 'B':
+  case 'F': return backing_option(d, ch, arg);
+  case 'o': return dst_options(d, arg);
+  case 'n': d->existing = true; return 0;
+  case 'Z': d->target_zero = true; return 0;
+  case 'W': return 0; /* always out of order here */
+  case 'S': return sparse_size(arg, &d->sparse);
+  case 'm':
+    if (cli_parse_uint(arg, 1, SLOTS, &m) == 0) {
+      d->slots = m;
+      return 0;
+    }
+    cli_usage_error("convert", "-m %s: expected a number in 1-%u", arg, SLOTS);
+    return -1;
+  default: cli_usage_error("convert", NULL); return -1;
+  }
+}
+
+/* Options that do not go together, or not with -O FMT. */
+static const char *conflict(const struct convert_args *a, bool rbd_dst) {
+  const struct dst_opts *d = &a->d;
+  bool qcow2 = !strcmp(a->ofmt, "qcow2");
+  if (rbd_dst && qcow2)
+    return "an RBD image is raw: qcow2 on RBD is not supported (-O raw)";
+  if (a->compress && !qcow2)
+    return "-c needs -O qcow2";
+  if (d->o.backing && !qcow2)
+    return "-B needs -O qcow2";
+  if (d->o.backing_fmt && !d->o.backing)
+    return "-F needs -B";
+  if (d->o.backing_fmt && strcmp(d->o.backing_fmt, "raw") &&
+      strcmp(d->o.backing_fmt, "qcow2"))
+    return "-F takes raw or qcow2";
+  if (d->target_zero && !d->existing)
+    return "--target-is-zero needs -n";
+  if (d->existing && (d->o.qcow2_only || d->o.has_size || d->o.q.prealloc))
+    return "-o has no effect with -n: DST is not created";
+  if (d->existing && d->o.backing)
+    return "-B makes a new DST: not with -n";
+  return NULL;
+}
+
+static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
   static const struct option longopts[] = {
       {"plugin", required_argument, NULL, 'G'},
       {"force-share", no_argument, NULL, 'U'},
+      {"target-is-zero", no_argument, NULL, 'Z'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  const char *sfmt = NULL, *ofmt = NULL, *plugin = NULL;
-  struct dst_opts d = {0};
-  bool progress = false, compress = false, share = false;
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcUf:O:B:F:t:T:h", longopts, NULL)) !=
-         -1) {
-    switch (ch) {
-    case 't':
-    case 'T':
-      if (bd_cache_parse(optarg, ch == 't' ? &d.cache : &d.src_cache) < 0) {
-        cli_error("convert", NULL,
-                  "-%c %s: expected none, writeback, writethrough, "
-                  "directsync or unsafe",
-                  ch, optarg);
-        return 1;
-      }
-      break;
-    case 'U': share = true; break;
-    case 'G': plugin = optarg; break;
-    case 'p': progress = true; break;
-    case 'c': compress = true; break;
-    case 'f': sfmt = optarg; break;
-    case 'O': ofmt = optarg; break;
-    case 'B': d.backing = optarg; break;
-    case 'F': d.backing_fmt = optarg; break;
-    case 'h': fputs(convert_usage, stdout); return 0;
-    default: cli_usage_error("convert", NULL); return 1;
+  while ((ch = getopt_long(argc, argv, "pcUnWf:O:B:F:t:T:o:S:m:h", longopts,
+                           NULL)) != -1) {
+    if (ch == 'h') {
+      fputs(convert_usage, stdout);
+      exit(0);
     }
+    if (convert_option(a, ch, optarg) < 0)
+      return -1;
   }
-  /* --plugin: the last argument is DST, the others the parameters. */
-  char *spec = plugin && optind < argc
-                   ? plugin_spec(plugin, argv + optind, argc - optind - 1)
-                   : NULL;
-  if ((plugin ? !spec : optind + 2 != argc) || !ofmt ||
-      (strcmp(ofmt, "raw") != 0 && strcmp(ofmt, "qcow2") != 0)) {
+  if (a->d.o.help) {
+    image_opts_help(a->ofmt ? a->ofmt : "raw");
+    exit(0);
+  }
+  if (!a->ofmt || (strcmp(a->ofmt, "raw") && strcmp(a->ofmt, "qcow2"))) {
     cli_usage_error("convert", "%s",
-                    !ofmt ? "no output format given (-O raw or -O qcow2)"
-                    : strcmp(ofmt, "raw") && strcmp(ofmt, "qcow2")
-                        ? "-O: expected raw or qcow2"
-                        : "expected SRC and DST");
-    free(spec);
-    return 1;
+                    !a->ofmt ? "no output format given (-O raw or -O qcow2)"
+                             : "-O: expected raw or qcow2");
+    return -1;
   }
   bool rbd_dst = argc > optind && rbd_spec_matches(argv[argc - 1]);
-  const char *why = rbd_dst && strcmp(ofmt, "raw")
-                        ? "an RBD image is raw: qcow2 on RBD is not supported "
-                          "(-O raw)"
-                    : compress && strcmp(ofmt, "qcow2")  ? "-c needs -O qcow2"
-                    : d.backing && strcmp(ofmt, "qcow2") ? "-B needs -O qcow2"
-                    : d.backing_fmt && !d.backing        ? "-F needs -B"
-                    : d.backing_fmt && strcmp(d.backing_fmt, "raw") &&
-                            strcmp(d.backing_fmt, "qcow2")
-                        ? "-F takes raw or qcow2"
-                        : NULL;
+  const char *why = conflict(a, rbd_dst);
   if (why) {
-    cli_error("convert", NULL, "%s", why);
-    free(spec);
-    return 1;
+    cli_usage_error("convert", "%s", why);
+    return -1;
   }
-  d.fmt = ofmt;
+  if (a->d.o.has_size) {
+    cli_usage_error("convert", "-o size: DST takes the size of SRC");
+    return -1;
+  }
+  return image_opts_check("convert", &a->d.o, a->ofmt);
+}
+
+int convert_main(int argc, char **argv) {
+  struct convert_args a = {.d.sparse = -1};
+  image_opts_init(&a.d.o);
+  int r = 1;
+  char *spec = NULL;
+  if (parse_convert_args(argc, argv, &a) < 0)
+    goto out;
+  /* --plugin: the last argument is DST, the others the parameters. */
+  spec = a.plugin && optind < argc
+             ? plugin_spec(a.plugin, argv + optind, argc - optind - 1)
+             : NULL;
+  if (a.plugin ? !spec : optind + 2 != argc) {
+    cli_usage_error("convert", "expected SRC and DST");
+    goto out;
+  }
+  a.d.fmt = a.ofmt;
   /* Four workers: more only contend for the destination file's inode
    * lock (buffered writes to one file serialise in the kernel); reads from
    * the page cache do not need them. */
-  if (bd_pool_start(4) < 0) {
-    free(spec);
-    return 1;
-  }
-  int r = convert(spec ? spec : argv[optind], sfmt, argv[argc - 1], &d,
-                  progress, compress, share);
+  if (bd_pool_start(4) < 0)
+    goto out;
+  r = convert(spec ? spec : argv[optind], a.sfmt, argv[argc - 1], &a.d,
+              a.progress, a.compress, a.share);
   bd_pool_stop();
+out:
   free(spec);
+  image_opts_free(&a.d.o);
   return r;
 }

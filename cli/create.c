@@ -224,27 +224,7 @@ static int check_backing(struct create_args *a) {
 }
 
 static int create_raw(const struct create_args *a, int fd) {
-  if (ftruncate(fd, (off_t)a->o.size) < 0)
-    return -errno;
-  if (a->o.q.prealloc == QCOW2_PREALLOC_FALLOC && a->o.size) {
-    int e = posix_fallocate(fd, 0, (off_t)a->o.size);
-    if (e)
-      return -e;
-  }
-  if (a->o.q.prealloc == QCOW2_PREALLOC_FULL) {
-    static const uint8_t zero[65536];
-    for (uint64_t off = 0; off < a->o.size;) {
-      size_t n = a->o.size - off < sizeof zero ? (size_t)(a->o.size - off)
-                                               : sizeof zero;
-      ssize_t w = pwrite(fd, zero, n, (off_t)off);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0)
-        return -errno;
-      off += (uint64_t)w;
-    }
-  }
-  return fdatasync(fd) < 0 ? -errno : 0;
+  return image_opts_raw_file(fd, a->o.size, a->o.q.prealloc);
 }
 
 static const char *prealloc_name(enum qcow2_prealloc p) {

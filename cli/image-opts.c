@@ -2,9 +2,11 @@
 #include "image-opts.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -186,6 +188,29 @@ int image_opts_check(const char *cmd, struct image_opts *o, const char *fmt) {
     o->q.cluster_bits = (unsigned)bits;
   }
   return 0;
+}
+
+int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc) {
+  if (ftruncate(fd, (off_t)size) < 0)
+    return -errno;
+  if (prealloc == QCOW2_PREALLOC_FALLOC && size) {
+    int e = posix_fallocate(fd, 0, (off_t)size);
+    if (e)
+      return -e;
+  }
+  if (prealloc == QCOW2_PREALLOC_FULL) {
+    static const uint8_t zero[65536];
+    for (uint64_t off = 0; off < size;) {
+      size_t n = size - off < sizeof zero ? (size_t)(size - off) : sizeof zero;
+      ssize_t w = pwrite(fd, zero, n, (off_t)off);
+      if (w < 0 && errno == EINTR)
+        continue;
+      if (w < 0)
+        return -errno;
+      off += (uint64_t)w;
+    }
+  }
+  return fdatasync(fd) < 0 ? -errno : 0;
 }
 
 void image_opts_help(const char *fmt) {

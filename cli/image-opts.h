@@ -31,6 +31,9 @@ int image_opts_parse(const char *cmd, struct image_opts *o, const char *list);
 int image_opts_check(const char *cmd, struct image_opts *o, const char *fmt);
 /* -o help for FMT, as qemu-img lists it. */
 void image_opts_help(const char *fmt);
+/* A raw image file of SIZE bytes on FD (empty), preallocated as PREALLOC
+ * says (off, falloc, full), made durable.  0 or -errno. */
+int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc);
 /* log2 of V when V is a power of two, else -1. */
 int image_opts_log2(uint64_t v);
 

@@ -1,0 +1,140 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# convert's qemu-img options, with qemu-img as the oracle: -o (the format
+# options qemu-img info then shows, preallocation, backing_file as -B),
+# -o help; -n into an existing image (zeroes written over old data, or
+# skipped with --target-is-zero), -n into a smaller image refused; -S 0
+# allocating everything and -S SIZE leaving zero runs of SIZE sparse;
+# -m and -W; a 1000-byte raw file becoming a 1024-byte qcow2 as qemu-img
+# makes it.  Every copy is checked with qemu-img compare (and check).
+source "$(dirname "$0")/lib.sh"
+require qemu-img qemu-io
+cd "$T"
+
+info() { # IMAGE EXPR
+    qemu-img info --output=json "$1" |
+        "$PY" -c "import json,sys; j=json.load(sys.stdin); print($2)"
+}
+same() { # SRC DST [qcow2]
+    run qemu-img compare -q "$1" "$2" || fail "$2 differs from $1"
+    [[ ${3:-} != qcow2 ]] || run qemu-img check -q "$2" || fail "$2: check"
+}
+
+random_file data.raw 4
+qemu-io -f raw -c "write -z 1M 1M" data.raw >/dev/null
+
+check "-o: qcow2 options as qemu-img info shows them"
+run "$BLOCKPORT" convert -O qcow2 \
+    -o cluster_size=4k,extended_l2=off,compression_type=zstd,refcount_bits=8,lazy_refcounts=on \
+    data.raw o1.qcow2
+same data.raw o1.qcow2 qcow2
+[[ $(info o1.qcow2 'j["cluster-size"]') == 4096 ]] || fail "cluster size"
+[[ $(info o1.qcow2 'j["format-specific"]["data"]["compression-type"]') == zstd ]] ||
+    fail "compression type"
+[[ $(info o1.qcow2 'j["format-specific"]["data"]["refcount-bits"]') == 8 ]] ||
+    fail "refcount bits"
+[[ $(info o1.qcow2 'j["format-specific"]["data"]["lazy-refcounts"]') == True ]] ||
+    fail "lazy refcounts"
+run "$BLOCKPORT" convert -O qcow2 -o compat=0.10,cluster_size=16k data.raw o2.qcow2
+same data.raw o2.qcow2 qcow2
+[[ $(info o2.qcow2 'j["format-specific"]["data"]["compat"]') == 0.10 ]] ||
+    fail "compat=0.10"
+run "$BLOCKPORT" convert -O qcow2 -o extended_l2=on,cluster_size=64k data.raw o3.qcow2
+same data.raw o3.qcow2 qcow2
+[[ $(info o3.qcow2 'j["format-specific"]["data"]["extended-l2"]') == True ]] ||
+    fail "extended_l2"
+ok "cluster_size, compat, extended_l2, compression_type, refcount_bits, lazy_refcounts"
+
+for p in metadata falloc full; do
+    run "$BLOCKPORT" convert -O qcow2 -o preallocation=$p data.raw p-$p.qcow2
+    same data.raw p-$p.qcow2 qcow2
+done
+for p in falloc full; do
+    run "$BLOCKPORT" convert -O raw -o preallocation=$p data.raw p-$p.raw
+    same data.raw p-$p.raw
+    (($(stat -c %b p-$p.raw) * 512 >= 4 << 20)) || fail "raw $p: not allocated"
+done
+ok "preallocation for qcow2 (metadata, falloc, full) and raw (falloc, full)"
+
+qemu-img create -q -f raw base.raw 4M
+run "$BLOCKPORT" convert -O qcow2 -o backing_file=base.raw,backing_fmt=raw \
+    data.raw ob.qcow2
+same data.raw ob.qcow2 qcow2
+[[ $(info ob.qcow2 'j["backing-filename"]') == base.raw ]] || fail "backing_file"
+rc=0
+"$BLOCKPORT" convert -O qcow2 -B other.raw -o backing_file=base.raw data.raw x.qcow2 \
+    2>err || rc=$?
+((rc == 1)) && grep -q disagree err || fail "-B and -o backing_file that differ: $rc"
+ok "-o backing_file,backing_fmt as -B and -F"
+
+"$BLOCKPORT" convert -O qcow2 -o help >help.txt || fail "-o help: exit $?"
+grep -q "^  cluster_size=" help.txt && grep -q "^  preallocation=" help.txt ||
+    fail "-o help: $(cat help.txt)"
+rc=0
+"$BLOCKPORT" convert -O raw -o cluster_size=4k data.raw x.raw 2>err || rc=$?
+((rc == 1)) && grep -q "raw images do not take the option 'cluster_size'" err ||
+    fail "raw with cluster_size: $rc"
+ok "-o help; an option the format does not take is refused"
+
+check "-n: into an existing image"
+random_file old.raw 4
+run "$BLOCKPORT" convert -n -O raw data.raw old.raw
+same data.raw old.raw
+qemu-img create -q -f qcow2 old.qcow2 8M
+qemu-io -f qcow2 -c "write -P 0x77 0 8M" old.qcow2 >/dev/null
+run "$BLOCKPORT" convert -n -O qcow2 data.raw old.qcow2
+run qemu-img compare -q -f raw -F qcow2 data.raw old.qcow2 &&
+    fail "compare should see the 0x77 past the source's end"
+qemu-io -f qcow2 -r -c "read -P 0 1M 1M" -c "read -P 0x77 4M 4M" old.qcow2 >/dev/null ||
+    fail "-n into qcow2: the zero range or the tail is wrong"
+run qemu-img check -q old.qcow2 || fail "old.qcow2: check"
+truncate -s 4M zero.raw
+run "$BLOCKPORT" convert -n --target-is-zero -O raw data.raw zero.raw
+same data.raw zero.raw
+qemu-img create -q -f raw small.raw 1M
+rc=0
+"$BLOCKPORT" convert -n -O raw data.raw small.raw 2>err || rc=$?
+((rc == 1)) && grep -q "smaller than the source" err || fail "-n into a smaller image: $rc"
+rc=0
+"$BLOCKPORT" convert --target-is-zero -O raw data.raw y.raw 2>err || rc=$?
+((rc == 1)) && grep -q "needs -n" err || fail "--target-is-zero without -n: $rc"
+rc=0
+"$BLOCKPORT" convert -n -o cluster_size=4k -O qcow2 data.raw old.qcow2 2>err || rc=$?
+((rc == 1)) && grep -q "no effect with -n" err || fail "-o with -n: $rc"
+ok "-n writes zeroes over old data; --target-is-zero; refusals"
+
+check "-S: sparse granularity"
+# Sixteen 4 KiB blocks of data, one per 64 KiB, in an 8 MiB file.
+truncate -s 8M dots.raw
+for i in $(seq 0 15); do
+    qemu-io -f raw -c "write -P 0x5$((i % 10)) $((i * 65536 + 8192)) 4k" dots.raw >/dev/null
+done
+run "$BLOCKPORT" convert -S 0 -O raw dots.raw s0.raw
+same dots.raw s0.raw
+(($(stat -c %b s0.raw) * 512 >= 8 << 20)) || fail "-S 0: $(stat -c %b s0.raw) blocks"
+run "$BLOCKPORT" convert -S 4k -O raw dots.raw s4k.raw
+same dots.raw s4k.raw
+run "$BLOCKPORT" convert -S 64k -O raw dots.raw s64k.raw
+same dots.raw s64k.raw
+a4=$(($(stat -c %b s4k.raw) * 512))
+a64=$(($(stat -c %b s64k.raw) * 512))
+((a4 <= 16 * 4096 + 65536)) || fail "-S 4k allocated $a4 bytes for 64 KiB of data"
+((a64 >= 16 * 65536)) || fail "-S 64k allocated only $a64 bytes: grains not whole"
+run qemu-img convert -S 4k -O raw dots.raw q4k.raw
+aq=$(($(stat -c %b q4k.raw) * 512))
+((a4 <= aq + 65536)) || fail "-S 4k: $a4 bytes allocated, qemu-img $aq"
+run "$BLOCKPORT" convert -S 0 -O qcow2 dots.raw s0.qcow2
+same dots.raw s0.qcow2 qcow2
+[[ $(info s0.qcow2 'j["actual-size"] >= 8 << 20') == True ]] || fail "-S 0 qcow2 not allocated"
+ok "-S 0 allocates everything; -S 4k leaves $a4 bytes allocated (qemu-img $aq), -S 64k $a64"
+
+check "-m, -W, and a size that is not whole sectors"
+run "$BLOCKPORT" convert -m 1 -W -O qcow2 data.raw m1.qcow2
+same data.raw m1.qcow2 qcow2
+head -c 1000 /dev/urandom >odd.raw
+run "$BLOCKPORT" convert -O qcow2 odd.raw odd.qcow2
+run qemu-img convert -O qcow2 odd.raw q-odd.qcow2
+[[ $(info odd.qcow2 'j["virtual-size"]') == "$(info q-odd.qcow2 'j["virtual-size"]')" ]] ||
+    fail "1000-byte raw: $(info odd.qcow2 'j["virtual-size"]') bytes, qemu-img $(info q-odd.qcow2 'j["virtual-size"]')"
+run qemu-img compare -q odd.qcow2 q-odd.qcow2 || fail "odd.qcow2 differs from qemu-img's"
+ok "-m 1 -W; 1000 bytes become $(info odd.qcow2 'j["virtual-size"]'), as with qemu-img"
