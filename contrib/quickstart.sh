@@ -1,6 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Quick start: install dependencies, build, create a demo image and serve it.
+# Quick start: install dependencies, build, create a demo image and serve it
+# on localhost (the message says how to open it up).
 # Usage: contrib/quickstart.sh [PORT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,10 @@ if [ ! -f "$DEMO" ]; then
 fi
 cat <<MSG
 
-Serving $DEMO as NBD export "" on port $PORT (and /tmp/blockport-demo.sock).
+Serving $DEMO as NBD export "" on localhost port $PORT (and
+/tmp/blockport-demo.sock): this machine only.  To let other machines in,
+serve it on every address instead, with an allow list or TLS to taste:
+  build/blockport serve --port $PORT --allow 192.0.2.0/24 --format raw $DEMO
 Connect from another terminal:
   nbdinfo nbd://localhost:$PORT
   nbdinfo --map nbd://localhost:$PORT
@@ -28,4 +32,5 @@ Connect from another terminal:
 Stop with Ctrl-C.
 
 MSG
-exec build/blockport serve --port "$PORT" --unix /tmp/blockport-demo.sock --format raw "$DEMO"
+exec build/blockport serve --port "$PORT" --bind localhost \
+  --unix /tmp/blockport-demo.sock --format raw "$DEMO"

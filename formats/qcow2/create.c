@@ -133,7 +133,9 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
         (unsigned long long)o->size, (unsigned long long)l1_size * 8,
         QCOW2_MAX_L1_BYTES);
   l->l1_size = (uint32_t)l1_size;
-  l->l1_clusters = l1_size ? div_up(l1_size * 8, l->csize) : 1;
+  /* A size of 0 has no L1 table at all (offset 0), as qemu-img makes it:
+   * a cluster for it would be one that nothing references. */
+  l->l1_clusters = div_up(l1_size * 8, l->csize);
 
   if (o->prealloc != QCOW2_PREALLOC_OFF) {
     l->data_clusters = div_up(o->size, l->csize);
@@ -169,8 +171,9 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   l->reftable_clusters = (uint32_t)rt;
   l->refblock_offset = l->reftable_offset + rt * l->csize;
   l->refblocks = rb;
-  l->l1_offset = l->refblock_offset + rb * l->csize;
-  l->l2_offset = l->l1_offset + l->l1_clusters * l->csize;
+  uint64_t after_refblocks = l->refblock_offset + rb * l->csize;
+  l->l1_offset = l->l1_size ? after_refblocks : 0;
+  l->l2_offset = after_refblocks + l->l1_clusters * l->csize;
   l->data_offset = l->l2_offset + l->l2_tables * l->csize;
   l->clusters = total;
   if (total > (QCOW2_OFFSET_MASK >> cb))

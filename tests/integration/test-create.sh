@@ -7,7 +7,7 @@
 # `qemu-img map`; an overlay reads its backing file's data; raw images and
 # bad options.
 source "$(dirname "$0")/lib.sh"
-require qemu-img qemu-io
+require qemu-img qemu-io nbdinfo
 
 # info_field FILE EXPR: a field of `qemu-img info --output=json` (Python
 # expression over j).
@@ -195,7 +195,17 @@ for fmt in qcow2 raw; do
     done < <(qemu-img create -f "$fmt" -o help |
         grep -oE '^  (size|preallocation|cluster_size|compat|refcount_bits|extended_l2|lazy_refcounts|compression_type|backing_file|backing_fmt)=' | sed -E 's/^ +//; s/=$//')
 done
-ok "-f raw by default; sizes accepted and refused as qemu-img does; -o help"
+# A size of 0: no L1 table, nothing leaked, the file qemu-img makes.
+run "$BLOCKPORT" create -q -f qcow2 "$T/z.qcow2" 0
+run qemu-img check -q "$T/z.qcow2" || fail_soft "size 0: qemu-img check"
+qemu-img create -q -f qcow2 "$T/qz.qcow2" 0
+[[ $(stat -c %s "$T/z.qcow2") == $(stat -c %s "$T/qz.qcow2") ]] ||
+    fail_soft "size 0: $(stat -c %s "$T/z.qcow2") bytes, qemu-img $(stat -c %s "$T/qz.qcow2")"
+"$BLOCKPORT" serve -f qcow2 "$T/z.qcow2" --run 'nbdinfo --size "$uri"' >"$T/z.out" 2>/dev/null ||
+    fail_soft "size 0: serving it failed"
+[[ $(cat "$T/z.out") == 0 ]] || fail_soft "size 0 served as $(cat "$T/z.out") bytes"
+run qemu-img check -q "$T/z.qcow2" || fail_soft "size 0: check after serving"
+ok "-f raw by default; sizes accepted and refused as qemu-img does; -o help; size 0"
 
 check "errors: usage and refused options exit 1 (qemu-img's convention), with a message"
 expect_rc() { # WANT CMD...
