@@ -22,10 +22,15 @@ cd "$T"
 cat >clients.py <<'PY'
 import sys, threading, nbd
 uri, export = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+# "together": both connections are open before either sends a request, so
+# that their handles overlap however slowly the second thread starts.
+together = threading.Barrier(2, timeout=30) if "together" in sys.argv[3:] else None
 def client(n):
     h = nbd.NBD()
     h.set_export_name(export)
     h.connect_uri(uri)
+    if together:
+        together.wait()
     for i in range(32):
         h.aio_pread(nbd.Buffer(4096), (n * 32 + i) * 4096)
     while h.aio_in_flight() > 0:
@@ -40,10 +45,14 @@ PY
 stat() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" stats; }
 
 # model PLUGIN MODEL: run the two clients, leave the stats in ./stats.
+# Their connections overlap, except with serialize_connections, where the
+# second waits for the first to close.
 model() {
+    local together=together
+    [[ $2 == serialize_connections ]] && together=
     rm -f stats
     start_server --plugin "$1" model="$2" delay=2000 stats="$T/stats"
-    run timeout 60 "$PY" clients.py "$URI" || fail "$2: clients"
+    run timeout 60 "$PY" clients.py "$URI" "" $together || fail "$2: clients"
     stop_server
     [[ -s stats ]] || fail "$2: no stats"
     echo "  $2: $(cat stats)"
