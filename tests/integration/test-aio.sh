@@ -48,9 +48,22 @@ io_patterns() {
     }
 }
 
+SYSCTL=/proc/sys/kernel/io_uring_disabled
+OLD=$(cat "$SYSCTL" 2>/dev/null || echo 0)
+restore() { echo "$OLD" >"$SYSCTL"; }
+if [[ -w $SYSCTL ]]; then
+    trap 'rc=$?; restore; (exit $rc); _cleanup' EXIT
+    # A host that disables io_uring has it enabled for this test's start.
+    [[ $OLD == 0 ]] || echo 0 >"$SYSCTL"
+fi
+
 check "the default is io_uring, --aio threads holds no ring"
 qemu-img create -q -f raw img 64M
 start_server -f raw --cache none "$T/img"
+if grep -q "$LINE" "$T/server.log"; then
+    stop_server
+    skip "io_uring is not available here (seccomp or the kernel), nor can the test enable it"
+fi
 holds_ring || fail "default --aio: no io_uring descriptor while serving"
 ! grep -q "$LINE" "$T/server.log" || fail "the log says io_uring is missing"
 stop_server
@@ -82,11 +95,8 @@ rc=0
     { cat err.txt; fail "aio = native: rc $rc"; }
 ok "aio = io_uring and aio = threads per export; a wrong value named"
 
-SYSCTL=/proc/sys/kernel/io_uring_disabled
 [[ -w $SYSCTL ]] || skip "cannot set kernel.io_uring_disabled (not root, or a kernel before 6.6)"
-OLD=$(cat "$SYSCTL")
-restore() { echo "$OLD" >"$SYSCTL"; }
-trap 'restore; _cleanup' EXIT
+restore # the host's setting again, if the test changed it above
 
 # start_refused ARGS...: start a server while the kernel refuses io_uring.
 # Only the start needs the refusal (the program tries io_uring once, when
