@@ -613,20 +613,33 @@ int bd_execute(struct bd *bd, struct bd_req *req) {
   return r;
 }
 
-/* Start REQ through the source's own queue; false: the pool runs it. */
-static bool try_async(struct bd *bd, struct bd_req *req) {
-  int r = check_request(bd, req);
-  if (r == 0 && req->length == 0 && req->cmd != BD_FLUSH) {
-    req->done(req, 0);
-    return true;
+/* A pool source's request: finished in the calling thread when it needs
+ * no device I/O (try_nowait), started on the source's own queue
+ * (submit_async), or else queued to the pool.  Checked once for both. */
+static void submit_pooled(struct bd *bd, struct bd_req *req) {
+  const struct bd_ops *ops = bd->ops;
+  if (bd->conc != BD_CONC_PARALLEL ||
+      (!ops->try_nowait && !ops->submit_async)) {
+    bd_pool_queue(req);
+    return;
   }
-  if (r == 0)
-    r = bd->ops->submit_async(bd, req);
-  if (r == -EAGAIN)
-    return false;
-  if (r < 0)
+  int r = check_request(bd, req);
+  bool rw = req->cmd == BD_READ || req->cmd == BD_WRITE;
+  if (r == 0 && req->length == 0 && req->cmd != BD_FLUSH)
+    r = 0; /* nothing to do */
+  else if (r == 0 && ops->try_nowait && rw && !(req->flags & BD_F_FUA))
+    r = ops->try_nowait(bd, req);
+  else if (r == 0)
+    r = -EAGAIN;
+  if (r != -EAGAIN) {
     req->done(req, r);
-  return true;
+    return;
+  }
+  r = ops->submit_async ? ops->submit_async(bd, req) : -EAGAIN;
+  if (r == -EAGAIN)
+    bd_pool_queue(req);
+  else if (r < 0)
+    req->done(req, r); /* 0: started, the source completes it */
 }
 
 void bd_submit(struct bd *bd, struct bd_req *req) {
@@ -642,23 +655,7 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
   req->flags &= ~BD_F_ALIGNED;
   switch (bd->exec) {
   case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
-  case BD_EXEC_POOL:
-    if (bd->ops->try_nowait && bd->conc == BD_CONC_PARALLEL &&
-        (req->cmd == BD_READ || req->cmd == BD_WRITE) &&
-        !(req->flags & BD_F_FUA)) {
-      int r = check_request(bd, req);
-      if (r == 0)
-        r = bd->ops->try_nowait(bd, req);
-      if (r != -EAGAIN) {
-        req->done(req, r);
-        return;
-      }
-    }
-    if (bd->ops->submit_async && bd->conc == BD_CONC_PARALLEL &&
-        try_async(bd, req))
-      return;
-    bd_pool_queue(req);
-    return;
+  case BD_EXEC_POOL: submit_pooled(bd, req); return;
   case BD_EXEC_ASYNC: {
     int r = check_request(bd, req);
     if (r < 0)
@@ -674,64 +671,62 @@ void bd_complete(struct bd_req *req, int err) {
   req->done(req, err);
 }
 
-/* The calling thread's open batch: its depth and the deferred hooks. */
-static _Thread_local unsigned batch_depth;
-static _Thread_local struct bd_batch_hook *batch_hooks;
+/* A thread's nesting of batches (or plugs) and the hooks deferred to the
+ * outermost end. */
+struct hook_stack {
+  unsigned depth;
+  struct bd_batch_hook *hooks;
+};
+
+static bool stack_defer(struct hook_stack *st, struct bd_batch_hook *h) {
+  if (st->depth == 0)
+    return false;
+  h->next = st->hooks;
+  st->hooks = h;
+  return true;
+}
+
+static void stack_end(struct hook_stack *st) {
+  if (--st->depth > 0)
+    return;
+  /* Outside now: whatever a hook completes or submits is handled inline. */
+  struct bd_batch_hook *h = st->hooks;
+  st->hooks = NULL;
+  while (h) {
+    struct bd_batch_hook *next = h->next;
+    h->run(h);
+    h = next;
+  }
+}
+
+static _Thread_local struct hook_stack batch, plug;
 
 void bd_batch_begin(void) {
-  batch_depth++;
+  batch.depth++;
 }
 
 bool bd_batch_defer(struct bd_batch_hook *h) {
-  if (batch_depth == 0)
-    return false;
-  h->next = batch_hooks;
-  batch_hooks = h;
-  return true;
+  return stack_defer(&batch, h);
 }
 
 void bd_batch_end(void) {
-  if (--batch_depth > 0)
-    return;
-  /* Outside the batch now: whatever a hook completes is handled inline. */
-  struct bd_batch_hook *h = batch_hooks;
-  batch_hooks = NULL;
-  while (h) {
-    struct bd_batch_hook *next = h->next;
-    h->run(h);
-    h = next;
-  }
+  stack_end(&batch);
 }
 
-static _Thread_local unsigned plug_depth;
-static _Thread_local struct bd_batch_hook *plug_hooks;
-
 void bd_plug_begin(void) {
-  plug_depth++;
+  plug.depth++;
 }
 
 bool bd_plug_defer(struct bd_batch_hook *h) {
-  if (plug_depth == 0)
-    return false;
-  h->next = plug_hooks;
-  plug_hooks = h;
-  return true;
+  return stack_defer(&plug, h);
 }
 
 bool bd_plug_pending(void) {
-  return plug_hooks != NULL;
+  return plug.hooks != NULL;
 }
 
 void bd_plug_end(void) {
-  if (--plug_depth > 0)
-    return;
-  struct bd_batch_hook *h = plug_hooks;
-  plug_hooks = NULL;
-  while (h) {
-    struct bd_batch_hook *next = h->next;
-    h->run(h);
-    h = next;
-  }
+  stack_end(&plug);
 }
 
 /* bd_run() on an asynchronous source: submit a copy of the request that

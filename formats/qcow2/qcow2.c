@@ -337,28 +337,45 @@ bool qcow2_cluster_unallocated(struct qcow2dev *q, uint64_t cluster) {
   return l2off == 0 || (entry == 0 && bitmap == 0);
 }
 
+/* The run at guest offset OFF (at most LEN) as the cached L2 slices map
+ * it, without waiting: -EAGAIN when a slice would have to be loaded, the
+ * entry does not decode, or data lies past the end of the image file (the
+ * careful path handles loads and errors). */
+static int map_run_nowait(struct qcow2dev *q, uint64_t off, uint64_t len,
+                          struct qcow2_run *run) {
+  uint64_t cluster = off >> q->h.cluster_bits, l2off, entry, bitmap;
+  uint32_t in = (uint32_t)(off & (q->csize - 1));
+  if (qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap) < 0)
+    return -EAGAIN;
+  uint32_t max =
+      len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
+  if (l2off == 0)
+    *run = (struct qcow2_run){.kind = QCOW2_UNALLOCATED, .length = max};
+  else if (qcow2_decode_l2(&q->g, entry, bitmap, in, max, run) < 0)
+    return -EAGAIN;
+  if (run->kind == QCOW2_DATA && q->data_fd == q->fd &&
+      run->host - in >= file_limit(q))
+    return -EAGAIN;
+  return 0;
+}
+
+/* Whether RUN reads as zeroes without any I/O. */
+static bool run_is_zero(const struct qcow2dev *q, const struct qcow2_run *run) {
+  return run->kind == QCOW2_ZERO ||
+         (run->kind == QCOW2_UNALLOCATED && !q->backing);
+}
+
 /* A read whose L2 slices are cached and whose data is in the page cache
  * completes in the caller's thread (see try_nowait in core/blockdev.h). */
 static int read_nowait(struct qcow2dev *q, uint8_t *p, uint64_t len,
                        uint64_t off) {
   while (len > 0) {
-    uint64_t cluster = off >> q->h.cluster_bits, l2off, entry, bitmap;
-    uint32_t in = (uint32_t)(off & (q->csize - 1));
-    int r = qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
-    if (r < 0)
-      return -EAGAIN; /* the careful path handles loads and errors */
     struct qcow2_run run;
-    uint32_t max =
-        len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
-    if (l2off == 0)
-      run = (struct qcow2_run){.kind = QCOW2_UNALLOCATED, .length = max};
-    else if (qcow2_decode_l2(&q->g, entry, bitmap, in, max, &run) < 0)
+    if (map_run_nowait(q, off, len, &run) < 0)
       return -EAGAIN;
-    if (run.kind == QCOW2_ZERO ||
-        (run.kind == QCOW2_UNALLOCATED && !q->backing)) {
+    if (run_is_zero(q, &run)) {
       memset(p, 0, run.length);
-    } else if (run.kind == QCOW2_DATA && q->data_fd == q->fd &&
-               run.host - in < file_limit(q)) {
+    } else if (run.kind == QCOW2_DATA && q->data_fd == q->fd) {
       struct iovec iov = {p, run.length};
       if (preadv2(q->fd, &iov, 1, (off_t)run.host, RWF_NOWAIT) !=
           (ssize_t)run.length)
@@ -407,22 +424,12 @@ int qcow2_ring_add(struct ring_segs *rs, void *buf, uint64_t host,
 static int read_segs(struct qcow2dev *q, struct ring_segs *rs, uint8_t *p,
                      uint64_t len, uint64_t off) {
   while (len > 0) {
-    uint64_t cluster = off >> q->h.cluster_bits, l2off, entry, bitmap;
-    uint32_t in = (uint32_t)(off & (q->csize - 1));
-    if (qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap) < 0)
-      return -EAGAIN;
     struct qcow2_run run;
-    uint32_t max =
-        len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
-    if (l2off == 0)
-      run = (struct qcow2_run){.kind = QCOW2_UNALLOCATED, .length = max};
-    else if (qcow2_decode_l2(&q->g, entry, bitmap, in, max, &run) < 0)
+    if (map_run_nowait(q, off, len, &run) < 0)
       return -EAGAIN;
-    if (run.kind == QCOW2_ZERO ||
-        (run.kind == QCOW2_UNALLOCATED && !q->backing))
+    if (run_is_zero(q, &run))
       memset(p, 0, run.length);
     else if (run.kind != QCOW2_DATA ||
-             (q->data_fd == q->fd && run.host - in >= file_limit(q)) ||
              qcow2_ring_add(rs, p, run.host, run.length) < 0)
       return -EAGAIN;
     p += run.length;
