@@ -80,9 +80,11 @@ static int check_opts(const struct qcow2_create_opts *o) {
     return qcow2_err(-EINVAL, o->backing_file
                                   ? "invalid backing format name"
                                   : "a backing format needs a backing file");
-  if (o->backing_file && o->prealloc != QCOW2_PREALLOC_OFF)
-    return qcow2_err(-EINVAL,
-                     "preallocation and a backing file cannot be combined");
+  /* Preallocated clusters of a standard L2 entry would hide the backing
+   * file; extended L2 entries keep them with no subcluster allocated. */
+  if (o->backing_file && o->prealloc != QCOW2_PREALLOC_OFF && !o->extended_l2)
+    return qcow2_err(-EINVAL, "backing file and preallocation can only be "
+                              "used at the same time if extended_l2 is on");
   return 0;
 }
 
@@ -286,9 +288,10 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
     memset(c, 0, cs);
     for (uint64_t j = 0; j < per_l2 && t * per_l2 + j < l->data_clusters; j++) {
       uint64_t g = t * per_l2 + j;
+      /* With extended L2 the bitmap stays 0: the cluster is reserved but
+       * its subclusters read as unallocated (zeroes or the backing file)
+       * until written, as qemu-img makes it. */
       put_be64(c + j * esize, (l->data_offset + g * cs) | QCOW2_L2_COPIED);
-      if (o->extended_l2)
-        put_be64(c + j * esize + 8, 0xffffffffull); /* all allocated */
     }
     r = io_pwrite_all(fd, c, cs, l->l2_offset + t * cs);
   }

@@ -115,6 +115,25 @@ for mode in falloc full; do
 done
 ok "preallocation"
 
+check "preallocation with extended_l2: reserved clusters, no subcluster allocated, a backing file allowed"
+random_file "$T/pbase.raw" 2
+for mode in metadata falloc full; do
+    for b in "" "-b pbase.raw -F raw"; do
+        # shellcheck disable=SC2086 # $b is two options or none
+        run "$BLOCKPORT" create -q -f qcow2 -o preallocation=$mode,extended_l2=on $b "$T/pb.qcow2" 2M
+        # shellcheck disable=SC2086
+        run qemu-img create -q -f qcow2 -o preallocation=$mode,extended_l2=on $b "$T/pq.qcow2" 2M
+        diff <(qemu-img map --output=json "$T/pb.qcow2") <(qemu-img map --output=json "$T/pq.qcow2") ||
+            fail_soft "preallocation=$mode,extended_l2=on $b: map differs from qemu-img's"
+        run qemu-img check -q "$T/pb.qcow2" || fail_soft "check $mode $b"
+        run qemu-img compare -q "$T/pb.qcow2" "$T/pq.qcow2" || fail_soft "compare $mode $b"
+    done
+done
+"$BLOCKPORT" create -q -f qcow2 -o preallocation=metadata -b pbase.raw -F raw "$T/pe.qcow2" 2M 2>"$T/err" &&
+    fail_soft "preallocation with a backing file but no extended_l2 accepted"
+grep -q "only be used at the same time if extended_l2 is on" "$T/err" || fail_soft "message: $(cat "$T/err")"
+ok "as qemu-img makes them"
+
 check "backing files: -b/-F and -o, size from the backing file, compare"
 random_file "$T/base.raw" 4
 run "$BLOCKPORT" create -q -f qcow2 -b base.raw -F raw "$T/ov1.qcow2"
