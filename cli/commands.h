@@ -11,6 +11,7 @@ int check_main(int argc, char **argv);
 int map_main(int argc, char **argv);
 int convert_main(int argc, char **argv);
 int compare_main(int argc, char **argv);
+int resize_main(int argc, char **argv);
 int mount_main(int argc, char **argv);
 int vhost_main(int argc, char **argv);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/io.h"
 
 void image_opts_init(struct image_opts *o) {
   *o = (struct image_opts){
@@ -193,24 +194,10 @@ int image_opts_check(const char *cmd, struct image_opts *o, const char *fmt) {
 int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc) {
   if (ftruncate(fd, (off_t)size) < 0)
     return -errno;
-  if (prealloc == QCOW2_PREALLOC_FALLOC && size) {
-    int e = posix_fallocate(fd, 0, (off_t)size);
-    if (e)
-      return -e;
-  }
-  if (prealloc == QCOW2_PREALLOC_FULL) {
-    static const uint8_t zero[65536];
-    for (uint64_t off = 0; off < size;) {
-      size_t n = size - off < sizeof zero ? (size_t)(size - off) : sizeof zero;
-      ssize_t w = pwrite(fd, zero, n, (off_t)off);
-      if (w < 0 && errno == EINTR)
-        continue;
-      if (w < 0)
-        return -errno;
-      off += (uint64_t)w;
-    }
-  }
-  return fdatasync(fd) < 0 ? -errno : 0;
+  int r = 0;
+  if (prealloc == QCOW2_PREALLOC_FALLOC || prealloc == QCOW2_PREALLOC_FULL)
+    r = io_preallocate(fd, 0, size, prealloc == QCOW2_PREALLOC_FULL);
+  return r < 0 ? r : io_fdatasync(fd);
 }
 
 void image_opts_help(const char *fmt) {

@@ -827,3 +827,29 @@ int bd_flush(struct bd *bd) {
   struct bd_req req = {.cmd = BD_FLUSH};
   return bd_run(bd, &req);
 }
+
+int bd_prealloc_parse(const char *name, enum bd_prealloc *out) {
+  static const char *const names[] = {"off", "metadata", "falloc", "full"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    if (strcmp(name, names[i]) == 0) {
+      *out = (enum bd_prealloc)i;
+      return 0;
+    }
+  return -EINVAL;
+}
+
+int bd_resize(struct bd *bd, uint64_t size, enum bd_prealloc prealloc) {
+  if (!bd->ops->resize) {
+    bd_set_error("%s: a %s source cannot be resized", bd->description,
+                 bd->format);
+    return -ENOTSUP;
+  }
+  if (bd->caps.readonly) {
+    bd_set_error("%s: opened read-only", bd->description);
+    return -EROFS;
+  }
+  int r = bd->ops->resize(bd, size, prealloc);
+  if (r == 0)
+    bd->size = size;
+  return r;
+}

@@ -152,6 +152,16 @@ struct bd_conn {
 
 /* Operations of a source.  The synchronous ones return 0 or -errno and may
  * record a message with bd_set_error().  Unsupported operations are NULL. */
+/* How bd_resize() fills the space it adds (qemu-img's --preallocation). */
+enum bd_prealloc {
+  BD_PREALLOC_OFF,      /* nothing: reads as zeroes, takes no space */
+  BD_PREALLOC_METADATA, /* the format's mapping made (qcow2 only) */
+  BD_PREALLOC_FALLOC,   /* space reserved in the file system */
+  BD_PREALLOC_FULL,     /* zeroes written */
+};
+/* "off", "metadata", "falloc", "full".  Returns 0 or -EINVAL. */
+int bd_prealloc_parse(const char *name, enum bd_prealloc *out);
+
 struct bd_ops {
   const char *name;
   int (*pread)(struct bd *bd, void *buf, uint64_t len, uint64_t off);
@@ -187,6 +197,9 @@ struct bd_ops {
    * without testing others) the image locks of the files (see
    * bd_hold_locks()). */
   void (*hold_locks)(struct bd *bd, bool hold);
+  /* Optional, writable sources: change the virtual size to SIZE (see
+   * bd_resize()). */
+  int (*resize)(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
 };
 
 /* A list of exports, from bd_list_exports(). */
@@ -475,6 +488,11 @@ int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off);
 int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
               uint32_t flags);
 int bd_flush(struct bd *bd);
+/* Change BD's virtual size to SIZE, growing or shrinking it (data past a
+ * smaller SIZE is gone), what it adds read as zeroes.  Only with no
+ * request in flight: image tools, not a served export.  Returns 0, or
+ * -errno with a message in bd_errmsg() (-ENOTSUP: the source cannot). */
+int bd_resize(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
 
 /* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
 int bd_parse_size(const char *s, uint64_t *out);

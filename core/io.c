@@ -56,6 +56,25 @@ static int pread_loop(int fd, void *buf, size_t len, uint64_t off,
   return 0;
 }
 
+int io_preallocate(int fd, uint64_t off, uint64_t len, bool write_zeroes) {
+  if (len == 0)
+    return 0;
+  if (!write_zeroes) {
+    int e = posix_fallocate(fd, (off_t)off, (off_t)len);
+    return -e;
+  }
+  size_t chunk = 1u << 20;
+  uint8_t *z = calloc(1, chunk);
+  int r = z ? 0 : -ENOMEM;
+  for (uint64_t done = 0; r == 0 && done < len;) {
+    size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
+    r = io_pwrite_all(fd, z, n, off + done);
+    done += n;
+  }
+  free(z);
+  return r;
+}
+
 int io_pread_zero(int fd, void *buf, size_t len, uint64_t off) {
   return pread_loop(fd, buf, len, off, true);
 }

@@ -3,6 +3,7 @@
 #ifndef BLOCKPORT_IO_H
 #define BLOCKPORT_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -13,6 +14,10 @@ int io_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 int io_pread_zero(int fd, void *buf, size_t len, uint64_t off);
 /* Read exactly LEN bytes at OFF: the end of the file is -EIO. */
 int io_pread_exact(int fd, void *buf, size_t len, uint64_t off);
+/* Give [OFF, OFF+LEN) of FD space on disk: posix_fallocate, or with
+ * WRITE_ZEROES zeroes written (qemu's preallocation=falloc and full).
+ * Returns 0 or -errno. */
+int io_preallocate(int fd, uint64_t off, uint64_t len, bool write_zeroes);
 /* fdatasync.  Returns 0 or -errno. */
 int io_fdatasync(int fd);
 /* All of them go through fault_check() (core/fault.h). */

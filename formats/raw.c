@@ -383,6 +383,40 @@ static void raw_hold_locks(struct bd *bd, bool hold) {
     filelock_release(r->fd);
 }
 
+/* The new end is simply the file's; what is added is a hole unless asked
+ * to take space.  A failure puts the old size back. */
+static int raw_resize(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
+  struct rawdev *r = bd->priv;
+  uint64_t old = bd->size;
+  int e = 0;
+  if (r->is_block)
+    bd_set_error("%s: a block device cannot be resized", bd->description);
+  else if (pa == BD_PREALLOC_METADATA)
+    bd_set_error("%s: raw images have no metadata to preallocate",
+                 bd->description);
+  else if (r->direct) /* its unaligned tail is set up at open */
+    bd_set_error("%s: cannot resize with the page cache bypassed",
+                 bd->description);
+  if (r->is_block || pa == BD_PREALLOC_METADATA || r->direct)
+    return -ENOTSUP;
+  if (size > INT64_MAX || ftruncate(r->fd, (off_t)size) < 0)
+    e = size > INT64_MAX ? -EFBIG : -errno;
+  if (e == 0 && size > old &&
+      (pa == BD_PREALLOC_FALLOC || pa == BD_PREALLOC_FULL))
+    e = io_preallocate(r->fd, old, size - old, pa == BD_PREALLOC_FULL);
+  if (e == 0)
+    e = io_fdatasync(r->fd);
+  if (e < 0) {
+    bd_set_error("%s: resizing to %llu bytes: %s", bd->description,
+                 (unsigned long long)size, strerror(-e));
+    if (ftruncate(r->fd, (off_t)old) < 0)
+      log_error("%s: could not restore the size: %s", bd->description,
+                strerror(errno));
+    return e;
+  }
+  return 0;
+}
+
 static const struct bd_ops raw_ops = {
     .name = "raw",
     .pread = raw_pread,
@@ -396,6 +430,7 @@ static const struct bd_ops raw_ops = {
     .submit_async = raw_submit_async,
     .close = raw_close,
     .hold_locks = raw_hold_locks,
+    .resize = raw_resize,
 };
 
 static enum filelock_use lock_use(unsigned flags) {

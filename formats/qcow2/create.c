@@ -300,25 +300,11 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
 
 static int fill_data(int fd, const struct qcow2_create_opts *o,
                      const struct qcow2_layout *l) {
-  uint64_t len = l->data_clusters * l->csize;
-  if (o->prealloc == QCOW2_PREALLOC_FALLOC) {
-    int e = posix_fallocate(fd, (off_t)l->data_offset, (off_t)len);
-    return e ? -e : 0;
-  }
-  if (o->prealloc != QCOW2_PREALLOC_FULL)
+  if (o->prealloc != QCOW2_PREALLOC_FALLOC &&
+      o->prealloc != QCOW2_PREALLOC_FULL)
     return 0;
-  size_t chunk = 1u << 20;
-  uint8_t *z = calloc(1, chunk);
-  if (!z)
-    return -ENOMEM;
-  int r = 0;
-  for (uint64_t done = 0; r == 0 && done < len;) {
-    size_t n = len - done < chunk ? (size_t)(len - done) : chunk;
-    r = io_pwrite_all(fd, z, n, l->data_offset + done);
-    done += n;
-  }
-  free(z);
-  return r;
+  return io_preallocate(fd, l->data_offset, l->data_clusters * l->csize,
+                        o->prealloc == QCOW2_PREALLOC_FULL);
 }
 
 int qcow2_create_write(int fd, const struct qcow2_create_opts *o,

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/blockdev.h"
 #include "core/uring.h"
 #include "qcow2.h"
 
@@ -145,6 +146,8 @@ int qcow2_rc_init_check(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
+/* *END: the end of the last cluster with a reference (0 if none). */
+int qcow2_rc_used_end(struct qcow2dev *q, uint64_t *end);
 /* After a failed metadata write the image's state in memory may differ
  * from the file: refuse further writes (reads go on), logged once.
  * Returns ERR. */
@@ -182,6 +185,19 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
  * any size), appended to SEGS.  -EAGAIN: the careful path must do it. */
 int qcow2_write_segs(struct qcow2dev *q, struct ring_segs *rs,
                      const uint8_t *buf, uint64_t len, uint64_t off);
+
+/* For resize.c.  Unmap guest CLUSTER, whatever it held (no zero flag: it
+ * lies past the end).  Drop the L2 table of L1 entry L1I.  Give guest
+ * CLUSTER a host cluster of its own if it has none, with
+ * io_preallocate(FD_FILL, ..., WRITE_ZEROES) done on it first when FD_FILL
+ * is not -1.  Each takes the metadata lock; the changes reach the file at
+ * the next sync point. */
+int qcow2_unmap_cluster(struct qcow2dev *q, uint64_t cluster);
+int qcow2_drop_l2(struct qcow2dev *q, uint64_t l1i);
+int qcow2_prealloc_cluster(struct qcow2dev *q, uint64_t cluster, int fd_fill,
+                           bool write_zeroes);
+/* resize.c: the bd_ops resize of a qcow2 image. */
+int qcow2_resize(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
 
 /* Guest data at HOST in the data file: with O_DIRECT where the range is
  * aligned for it (dio_fd), through the page cache otherwise. */

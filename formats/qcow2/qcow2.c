@@ -546,6 +546,7 @@ static const struct bd_ops qcow2_ops = {
     .extents = q_extents,
     .close = q_close,
     .hold_locks = q_hold_locks,
+    .resize = qcow2_resize,
 };
 
 /* ---- opening ---- */

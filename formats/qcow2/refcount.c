@@ -285,6 +285,17 @@ static int scan_block(struct qcow2dev *q, uint64_t i, uint64_t b, uint8_t *blk,
   return r;
 }
 
+int qcow2_rc_used_end(struct qcow2dev *q, uint64_t *end) {
+  uint8_t *blk = malloc(q->csize);
+  int r = blk ? 0 : -ENOMEM;
+  *end = 0;
+  for (uint64_t i = q->reftable_entries; r == 0 && *end == 0 && i-- > 0;)
+    if (q->reftable[i])
+      r = scan_block(q, i, q->reftable[i], blk, end);
+  free(blk);
+  return r;
+}
+
 static int bad_table(struct qcow2dev *q, const char *what, uint64_t v) {
   bd_set_error("qcow2 %s: corrupt refcount table: %s (0x%llx); `blockport "
                "check --repair all` rebuilds it",

@@ -858,6 +858,55 @@ int qcow2_trim(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags) {
   return r;
 }
 
+/* ---- resizing (resize.c) ---- */
+
+int qcow2_unmap_cluster(struct qcow2dev *q, uint64_t cluster) {
+  return replace_entry(q, cluster, 0, 0, false);
+}
+
+int qcow2_drop_l2(struct qcow2dev *q, uint64_t l1i) {
+  pthread_mutex_lock(&q->meta);
+  uint64_t old = q->l1[l1i] & QCOW2_OFFSET_MASK;
+  int r = old ? set_l1(q, l1i, 0) : 0;
+  if (r == 0 && old) {
+    qcow2_guard_l2_replaced(q, old);
+    r = defer_free(q, old, q->csize);
+  }
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
+int qcow2_prealloc_cluster(struct qcow2dev *q, uint64_t cluster, int fd_fill,
+                           bool write_zeroes) {
+  pthread_mutex_lock(&q->meta);
+  uint64_t l2off, entry, bitmap, host = 0;
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
+  if (r < 0 || has_host(q, entry)) {
+    pthread_mutex_unlock(&q->meta);
+    return r;
+  }
+  if (l2off == 0 || !(q->l1[cluster >> q->l2_bits] & QCOW2_L2_COPIED))
+    r = writable_l2(q, cluster, &l2off);
+  if (r == 0)
+    r = alloc_data(q, cluster, &host);
+  grow_file(q);
+  /* The cluster holds zeroes before an entry points at it (with extended
+   * L2 its subclusters stay unallocated, and the zeroes are for falloc
+   * and full only). */
+  if (r == 0 && fd_fill >= 0)
+    r = io_preallocate(fd_fill, host, q->csize, write_zeroes);
+  /* Extended L2: the bitmap stays, zero bits included (they hide a
+   * backing file). */
+  if (r == 0)
+    r = set_l2(q, l2off, cluster, host | QCOW2_L2_COPIED, bitmap);
+  if (r == 0)
+    r = maybe_sync(q);
+  pthread_mutex_unlock(&q->meta);
+  return r;
+}
+
 int qcow2_flush(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
   if (!q->writable)
