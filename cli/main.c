@@ -6,9 +6,8 @@
 
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/version.h"
 #include "formats/registry.h"
-
-#define BLOCKPORT_VERSION "0.1.0"
 
 static const struct command {
   const char *name;

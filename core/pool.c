@@ -120,6 +120,13 @@ unsigned bd_pool_size(void) {
   return n;
 }
 
+struct bd_pool_load bd_pool_load(void) {
+  pthread_mutex_lock(&pool.lock);
+  struct bd_pool_load l = {pool.nthreads, pool.busy, pool.queued};
+  pthread_mutex_unlock(&pool.lock);
+  return l;
+}
+
 void bd_pool_queue(struct bd_req *req) {
   req->next = NULL;
   pthread_mutex_lock(&pool.lock);

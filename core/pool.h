@@ -19,6 +19,13 @@ void bd_pool_stop(void);
 void bd_pool_queue(struct bd_req *req);
 unsigned bd_pool_size(void);
 
+/* A snapshot of the pool, for metrics: workers started, those running a
+ * request, and requests queued for a worker. */
+struct bd_pool_load {
+  unsigned workers, busy, queued;
+};
+struct bd_pool_load bd_pool_load(void);
+
 #define BD_POOL_DEFAULT_WORKERS 16
 #define BD_POOL_MAX_WORKERS 1024
 

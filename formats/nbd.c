@@ -71,9 +71,20 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/stats.h"
 #include "formats.h"
 #include "nbd-replay.h"
 #include "nbd-uri.h"
+
+/* For serve --metrics (core/stats.h), over every nbd:// source. */
+BD_STAT_DEFINE(st_reconnects, "nbd_reconnects_total",
+               "nbd:// source connections re-established after a loss.")
+BD_STAT_DEFINE(st_timeouts, "nbd_request_timeouts_total",
+               "nbd:// source requests failed because no connection "
+               "answered within the timeout.")
+BD_STAT_DEFINE(st_hangups, "nbd_hung_connections_total",
+               "nbd:// source connections dropped after a timeout without "
+               "a reply.")
 
 /* libnbd 1.14 speaks no extended headers: lengths stay below 4 GiB. */
 #define NBD_CHUNK (1u << 30)
@@ -299,6 +310,7 @@ static void set_deadline(struct op *op, int64_t now) {
 
 /* OP's time is up: it fails, and the outage counts as given up. */
 static void op_timed_out(struct op *op, const char *why) {
+  bd_stat_add(&st_timeouts, 1);
   atomic_store(&op->d->gave_up, true);
   op_fail(op, -EIO, why);
 }
@@ -831,6 +843,8 @@ static void conn_up(struct conn *c) {
   d->bad_size = 0;
   log_info("nbd %s: connection %u %s", d->uri, c->idx,
            c->lost ? "re-established" : "up");
+  if (c->lost)
+    bd_stat_add(&st_reconnects, 1);
   c->failures = 0;
   c->lost = false;
   release(op);
@@ -1119,6 +1133,7 @@ static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
 /* A connection with requests in flight that heard nothing for the
  * timeout is dropped: its server is gone or stuck. */
 static void hang_up(struct conn *c) {
+  bd_stat_add(&st_hangups, 1);
   int fd = nbd_aio_get_fd(c->h);
   if (fd >= 0)
     shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */

@@ -8,7 +8,16 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "core/stats.h"
 #include "qcow2-internal.h"
+
+/* For serve --metrics (core/stats.h), over every qcow2 image. */
+BD_STAT_DEFINE(st_hits, "qcow2_l2_cache_hits_total",
+               "qcow2 L2 table lookups found in the cache.")
+BD_STAT_DEFINE(st_misses, "qcow2_l2_cache_misses_total",
+               "qcow2 L2 table lookups that read the table from the image.")
+BD_STAT_DEFINE(st_evictions, "qcow2_l2_cache_evictions_total",
+               "qcow2 L2 cache slices dropped to make room.")
 
 #define NSHARDS 16
 
@@ -118,6 +127,7 @@ static void evict(struct shard *s) {
     lru_unlink(old);
     hash_unlink(s, old);
     free_slice(old);
+    bd_stat_add(&st_evictions, 1);
   }
 }
 
@@ -153,6 +163,7 @@ const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
   size_t n = c->slice_bytes / sizeof(uint64_t);
   pthread_mutex_lock(&s->lock);
   struct l2slice *sl = find(s, key);
+  bd_stat_add(sl ? &st_hits : &st_misses, 1);
   if (sl) {
     if (sl->refs++ == 0)
       lru_unlink(sl);
@@ -226,6 +237,8 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
   if (sl->refs++ == 0)
     lru_unlink(sl);
   pthread_mutex_unlock(&s->lock);
+  bd_stat_add(&st_hits, 1); /* a miss here is counted by the l2cache_get()
+                             * that follows */
   *pin = sl;
   return sl->entries;
 }
