@@ -52,6 +52,16 @@ static int64_t mono_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Said and counted once per connection. */
+static void handshake_timed_out(struct conn *c) {
+  if (c->hs_timed_out)
+    return;
+  c->hs_timed_out = true;
+  log_info("connection %u (%s): handshake timed out", c->id, c->peer);
+  if (c->srv->metrics)
+    metrics_conn_refused(c->srv->metrics, METRICS_REFUSED_HANDSHAKE_TIMEOUT);
+}
+
 /* Bound the next blocking call by what is left of the handshake: a client
  * that stalls or trickles bytes loses its slot.  False once it is over. */
 static bool arm_deadline(struct conn *c) {
@@ -59,7 +69,7 @@ static bool arm_deadline(struct conn *c) {
     return true;
   int64_t left = c->hs_deadline - mono_ms();
   if (left <= 0) {
-    log_info("connection %u (%s): handshake timed out", c->id, c->peer);
+    handshake_timed_out(c);
     return false;
   }
   struct timeval tv = {left / 1000, (left % 1000) * 1000};
@@ -76,7 +86,7 @@ static bool read_full(struct conn *c, void *buf, size_t len) {
       return false;
     ssize_t n = conn_recv(c, p, len);
     if (n < 0 && errno == EAGAIN)
-      log_info("connection %u (%s): handshake timed out", c->id, c->peer);
+      handshake_timed_out(c);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
@@ -177,8 +187,11 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   pthread_mutex_lock(&c->srv->lock);
   struct tls_creds *cr = tls_creds_ref(c->srv->tls_creds);
   pthread_mutex_unlock(&c->srv->lock);
-  c->tls = arm_deadline(c) ? tls_accept(cr, c->fd, who) : NULL;
+  bool in_time = arm_deadline(c);
+  c->tls = in_time ? tls_accept(cr, c->fd, who) : NULL;
   tls_creds_put(cr);
+  if (in_time && !c->tls && c->srv->metrics)
+    metrics_conn_refused(c->srv->metrics, METRICS_REFUSED_TLS);
   if (!c->tls)
     return false;
   hs_tls_started(hs);
@@ -308,17 +321,18 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
 
 /* ---- metrics, counted only with --metrics ---- */
 
+/* The request is counted done when its reply has left the socket (or is
+ * dropped): conn_release_locked() in send.c. */
 static void count_start(struct conn *c, struct nreq *n) {
+  n->failed = false;
   if (c->exp->mx)
-    n->t0 = metrics_req_start(c->exp->mx);
+    n->t0 = metrics_req_start(c->exp->mx, metrics_cmd_of_nbd(n->r.type),
+                              n->r.length);
 }
 
 /* Before the reply is queued: after that N may be reused. */
 static void count_done(struct nreq *n, bool err) {
-  struct metrics_export *mx = n->c->exp->mx;
-  if (mx)
-    metrics_req_done(mx, metrics_cmd_of_nbd(n->r.type), n->t0, n->r.length,
-                     err);
+  n->failed = err;
 }
 
 static void req_done(struct bd_req *bdr, int err) {

@@ -30,6 +30,7 @@ struct nreq {
   const char *errmsg; /* static text for protocol errors */
   uint64_t cost;      /* bytes counted against the in-flight limit */
   uint64_t t0;        /* ns (monotonic) when it arrived, with --metrics */
+  bool failed;        /* answered with an error, for the metrics */
   uint8_t *buf;       /* read or write data */
   size_t bufcap;
   uint64_t have;     /* write payload received so far */
@@ -77,6 +78,7 @@ struct conn {
   bool held;            /* process_input() stopped at the budget with
                          * input left in rbuf */
   int64_t hs_deadline;  /* ms (monotonic): the handshake's end, 0: none */
+  bool hs_timed_out;    /* ... and it passed (counted once) */
   int64_t last_input;   /* ms (monotonic): when a request last arrived */
 
   /* Everything below is guarded by lock. */

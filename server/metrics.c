@@ -9,22 +9,31 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/pool.h"
+#include "core/stats.h"
+#include "core/version.h"
 #include "nbd-protocol.h"
 
 #define RELAXED memory_order_relaxed
 
 const uint64_t metrics_bounds_ns[METRICS_NBOUNDS] = {
-    50000,    100000,   250000,   500000,    1000000,   2500000,   5000000,
-    10000000, 25000000, 50000000, 100000000, 250000000, 1000000000};
-
-/* The seconds each bound stands for, as Prometheus' "le" label. */
-static const char *const bound_labels[METRICS_NBOUNDS] = {
-    "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005",
-    "0.01",  "0.025",  "0.05",    "0.1",    "0.25",  "1"};
+    1000,       1778,       3162,       5623,       10000,      17780,
+    31620,      56230,      100000,     177800,     316200,     562300,
+    1000000,    1778000,    3162000,    5623000,    10000000,   17780000,
+    31620000,   56230000,   100000000,  177800000,  316200000,  562300000,
+    1000000000, 1778000000, 3162000000, 5623000000, 10000000000};
 
 static const char *const cmd_names[METRICS_NCMDS] = {
     "read",         "write",        "flush", "trim",
     "write_zeroes", "block_status", "cache", "other"};
+
+static const char *const refusal_names[METRICS_NREFUSALS] = {
+    "allow_list", "max_connections", "tls", "handshake_timeout"};
+
+/* The default export's name is "": an empty label value would read as a
+ * missing label, so it gets a name no export can be confused with in
+ * practice. */
+#define DEFAULT_EXPORT_LABEL "(default)"
 
 struct metrics *metrics_create(size_t nexports, const char *const *names,
                                const uint64_t *sizes) {
@@ -32,6 +41,9 @@ struct metrics *metrics_create(size_t nexports, const char *const *names,
   if (!m)
     return NULL;
   pthread_mutex_init(&m->lock, NULL);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  m->start_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
   for (size_t i = 0; i < nexports; i++) {
     if (!metrics_export_get(m, names[i], sizes[i])) {
       metrics_free(m);
@@ -146,6 +158,10 @@ void metrics_conn_closed(struct metrics *m) {
   sub(&m->conns_open, 1);
 }
 
+void metrics_conn_refused(struct metrics *m, enum metrics_refusal why) {
+  add(&m->refused[why], 1);
+}
+
 void metrics_export_opened(struct metrics_export *e) {
   add(&e->conns_open, 1);
   add(&e->conns_total, 1);
@@ -155,22 +171,35 @@ void metrics_export_closed(struct metrics_export *e) {
   sub(&e->conns_open, 1);
 }
 
-uint64_t metrics_req_start(struct metrics_export *e) {
+/* What a request holds in flight: the data of a read or write. */
+static uint64_t data_bytes(enum metrics_cmd cmd, uint64_t length) {
+  return cmd == METRICS_READ || cmd == METRICS_WRITE ? length : 0;
+}
+
+uint64_t metrics_req_start(struct metrics_export *e, enum metrics_cmd cmd,
+                           uint64_t length) {
   add(&e->inflight, 1);
+  add(&e->inflight_bytes, data_bytes(cmd, length));
   return metrics_now_ns();
 }
 
-static size_t bucket_of(uint64_t ns) {
-  size_t i = 0;
-  while (i < METRICS_NBOUNDS && ns > metrics_bounds_ns[i])
-    i++;
-  return i;
+/* A binary search: five comparisons on the request path. */
+size_t metrics_bucket_of(uint64_t ns) {
+  size_t lo = 0, hi = METRICS_NBOUNDS; /* the answer is in [lo, hi] */
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (ns <= metrics_bounds_ns[mid])
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
 }
 
 void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
                      uint64_t ns, uint64_t bytes, bool err) {
   struct metrics_cmd_stats *s = &e->cmd[cmd];
-  add(&s->bucket[bucket_of(ns)], 1);
+  add(&s->bucket[metrics_bucket_of(ns)], 1);
   add(&s->sum_ns, ns);
   if (err)
     add(&s->errors, 1);
@@ -181,9 +210,10 @@ void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
 }
 
 void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
-                      uint64_t start, uint64_t bytes, bool err) {
+                      uint64_t start, uint64_t length, bool err) {
   uint64_t now = metrics_now_ns();
-  metrics_observe(e, cmd, now > start ? now - start : 0, bytes, err);
+  metrics_observe(e, cmd, now > start ? now - start : 0, length, err);
+  sub(&e->inflight_bytes, data_bytes(cmd, length));
   sub(&e->inflight, 1);
 }
 
@@ -235,14 +265,40 @@ static void put_header(struct out *o, const char *name, const char *type,
       type);
 }
 
+static void put_export_label(struct out *o, const struct metrics_export *e) {
+  put(o, "export=\"");
+  put_label_value(o, e->name[0] ? e->name : DEFAULT_EXPORT_LABEL);
+  put_char(o, '"');
+}
+
 /* name{export="E"[,EXTRA]} VALUE */
 static void put_export_sample(struct out *o, const char *name,
                               const struct metrics_export *e, const char *extra,
                               uint64_t v) {
-  put(o, "blockport_%s{export=\"", name);
-  put_label_value(o, e->name);
-  put(o, "\"%s%s} %llu\n", extra ? "," : "", extra ? extra : "",
+  put(o, "blockport_%s{", name);
+  put_export_label(o, e);
+  put(o, "%s%s} %llu\n", extra ? "," : "", extra ? extra : "",
       (unsigned long long)v);
+}
+
+/* NS nanoseconds as seconds, exactly. */
+static void put_seconds(struct out *o, uint64_t ns) {
+  put(o, "%llu.%09llu\n", (unsigned long long)(ns / 1000000000u),
+      (unsigned long long)(ns % 1000000000u));
+}
+
+static void render_process(const struct metrics *m, struct out *o) {
+  put_header(o, "build_info", "gauge",
+             "Always 1; the version of the running blockport as a label.");
+  put(o, "blockport_build_info{version=\"");
+  put_label_value(o, BLOCKPORT_VERSION);
+  put(o, "\"} 1\n");
+  /* Prometheus' standard name, without the prefix. */
+  put(o, "# HELP process_start_time_seconds Start time of the server since "
+         "the Unix epoch in seconds.\n"
+         "# TYPE process_start_time_seconds gauge\n"
+         "process_start_time_seconds ");
+  put_seconds(o, m->start_ns);
 }
 
 static void render_server(const struct metrics *m, struct out *o) {
@@ -254,6 +310,12 @@ static void render_server(const struct metrics *m, struct out *o) {
              "Client connections accepted.");
   put(o, "blockport_connections_accepted_total %llu\n",
       (unsigned long long)get(&m->conns_accepted));
+  put_header(o, "connections_refused_total", "counter",
+             "Client connections turned away before choosing an export, by "
+             "reason.");
+  for (size_t r = 0; r < METRICS_NREFUSALS; r++)
+    put(o, "blockport_connections_refused_total{reason=\"%s\"} %llu\n",
+        refusal_names[r], (unsigned long long)get(&m->refused[r]));
   size_t active = 0;
   for (size_t i = 0; i < m->nexports; i++)
     active += atomic_load(&m->exports[i]->active);
@@ -275,24 +337,49 @@ static uint64_t v_conns_total(const struct metrics_export *e) {
 static uint64_t v_inflight(const struct metrics_export *e) {
   return get(&e->inflight);
 }
+static uint64_t v_inflight_bytes(const struct metrics_export *e) {
+  return get(&e->inflight_bytes);
+}
 static uint64_t v_read(const struct metrics_export *e) {
   return get(&e->bytes_read);
 }
 static uint64_t v_written(const struct metrics_export *e) {
   return get(&e->bytes_written);
 }
-/* 1 for the exports of the current configuration, 0 for removed ones. */
-static uint64_t v_active(const struct metrics_export *e) {
+static uint64_t v_one(const struct metrics_export *e) {
+  (void)e;
+  return 1;
+}
+
+static bool is_active(const struct metrics_export *e) {
   return atomic_load((atomic_bool *)&e->active);
 }
 
-/* One metric with a sample per export. */
+/* One metric with a sample per export; with ACTIVE_ONLY, for the exports
+ * of the current configuration only (their description, not counters). */
 static void render_per_export(const struct metrics *m, struct out *o,
                               const char *name, const char *type,
-                              const char *help, export_value_fn value) {
+                              const char *help, export_value_fn value,
+                              bool active_only) {
   put_header(o, name, type, help);
   for (size_t i = 0; i < m->nexports; i++)
-    put_export_sample(o, name, m->exports[i], NULL, value(m->exports[i]));
+    if (!active_only || is_active(m->exports[i]))
+      put_export_sample(o, name, m->exports[i], NULL, value(m->exports[i]));
+}
+
+static void render_exports(const struct metrics *m, struct out *o) {
+  render_per_export(m, o, "export_info", "gauge",
+                    "Always 1, for each export served; a reload drops the "
+                    "series of the exports it removes.",
+                    v_one, true);
+  render_per_export(m, o, "export_size_bytes", "gauge", "Size of each export.",
+                    v_size, true);
+  render_per_export(m, o, "export_connections", "gauge",
+                    "Connections in transmission on each export.", v_conns,
+                    false);
+  render_per_export(m, o, "export_connections_total", "counter",
+                    "Connections that chose each export.", v_conns_total,
+                    false);
 }
 
 static uint64_t cmd_count(const struct metrics_cmd_stats *s) {
@@ -322,58 +409,78 @@ static void render_cmd_counter(const struct metrics *m, struct out *o,
 static void render_histogram(const struct metrics_export *e, size_t c,
                              struct out *o) {
   const struct metrics_cmd_stats *s = &e->cmd[c];
-  const char *name = "request_duration_seconds";
   char extra[64];
   uint64_t cum = 0;
   for (size_t b = 0; b < METRICS_NBUCKETS; b++) {
     cum += get(&s->bucket[b]);
-    snprintf(extra, sizeof extra, "cmd=\"%s\",le=\"%s\"", cmd_names[c],
-             b < METRICS_NBOUNDS ? bound_labels[b] : "+Inf");
+    if (b < METRICS_NBOUNDS)
+      snprintf(extra, sizeof extra, "cmd=\"%s\",le=\"%g\"", cmd_names[c],
+               (double)metrics_bounds_ns[b] / 1e9);
+    else
+      snprintf(extra, sizeof extra, "cmd=\"%s\",le=\"+Inf\"", cmd_names[c]);
     put_export_sample(o, "request_duration_seconds_bucket", e, extra, cum);
   }
-  uint64_t ns = get(&s->sum_ns);
-  put(o, "blockport_%s_sum{export=\"", name);
-  put_label_value(o, e->name);
-  put(o, "\",cmd=\"%s\"} %llu.%09llu\n", cmd_names[c],
-      (unsigned long long)(ns / 1000000000u),
-      (unsigned long long)(ns % 1000000000u));
+  put(o, "blockport_request_duration_seconds_sum{");
+  put_export_label(o, e);
+  put(o, ",cmd=\"%s\"} ", cmd_names[c]);
+  put_seconds(o, get(&s->sum_ns));
   snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
   put_export_sample(o, "request_duration_seconds_count", e, extra, cum);
 }
 
 static void render_requests(const struct metrics *m, struct out *o) {
-  render_cmd_counter(m, o, "requests_total", "Requests completed.", false);
+  render_cmd_counter(m, o, "requests_total", "Requests answered.", false);
   render_cmd_counter(m, o, "request_errors_total",
                      "Requests answered with an error.", true);
   render_per_export(m, o, "requests_in_flight", "gauge",
-                    "Requests received and not yet answered.", v_inflight);
+                    "Requests received and not yet answered.", v_inflight,
+                    false);
+  render_per_export(m, o, "requests_in_flight_bytes", "gauge",
+                    "Data of the reads and writes in flight.", v_inflight_bytes,
+                    false);
   render_per_export(m, o, "read_bytes_total", "counter",
-                    "Bytes read by successful requests.", v_read);
+                    "Bytes read by successful requests.", v_read, false);
   render_per_export(m, o, "written_bytes_total", "counter",
-                    "Bytes written by successful requests.", v_written);
+                    "Bytes written by successful requests.", v_written, false);
   put_header(o, "request_duration_seconds", "histogram",
-             "Time from a request's arrival to its completion.");
+             "Time from a request's arrival to its reply leaving the "
+             "socket.");
   for (size_t i = 0; i < m->nexports; i++)
     for (size_t c = 0; c < METRICS_NCMDS; c++)
       render_histogram(m->exports[i], c, o);
+}
+
+static void render_pool(struct out *o) {
+  struct bd_pool_load l = bd_pool_load();
+  put_header(o, "pool_workers", "gauge",
+             "Worker threads that run blocking sources' requests.");
+  put(o, "blockport_pool_workers %u\n", l.workers);
+  put_header(o, "pool_busy_workers", "gauge", "Workers running a request.");
+  put(o, "blockport_pool_busy_workers %u\n", l.busy);
+  put_header(o, "pool_queue_depth", "gauge",
+             "Requests queued for a worker, not yet started.");
+  put(o, "blockport_pool_queue_depth %u\n", l.queued);
+}
+
+/* The counters the layers below keep (core/stats.h): the nbd:// source's,
+ * the qcow2 L2 cache's. */
+static void render_stat(const struct bd_stat *s, void *ctx) {
+  struct out *o = ctx;
+  put_header(o, s->name, "counter", s->help);
+  put(o, "blockport_%s %llu\n", s->name, (unsigned long long)bd_stat_value(s));
 }
 
 size_t metrics_render(struct metrics *m, char *buf, size_t cap) {
   struct out o = {buf, cap, 0};
   if (cap)
     buf[0] = '\0';
+  render_process(m, &o);
   pthread_mutex_lock(&m->lock); /* a reload may add exports meanwhile */
   render_server(m, &o);
-  render_per_export(m, &o, "export_info", "gauge",
-                    "Exports by name: 1 served, 0 removed by a reload.",
-                    v_active);
-  render_per_export(m, &o, "export_size_bytes", "gauge", "Size of each export.",
-                    v_size);
-  render_per_export(m, &o, "export_connections", "gauge",
-                    "Connections in transmission on each export.", v_conns);
-  render_per_export(m, &o, "export_connections_total", "counter",
-                    "Connections that chose each export.", v_conns_total);
+  render_exports(m, &o);
   render_requests(m, &o);
   pthread_mutex_unlock(&m->lock);
+  render_pool(&o);
+  bd_stats_foreach(render_stat, &o);
   return o.len;
 }

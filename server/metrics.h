@@ -26,10 +26,22 @@ enum metrics_cmd {
   METRICS_NCMDS
 };
 
-/* Latency bucket bounds in ns; the last bucket is +Inf. */
-#define METRICS_NBOUNDS 13
+/* Latency bucket bounds in ns: 1 µs to 10 s, four per decade (1, 1.778,
+ * 3.162, 5.623 times a power of ten); the last bucket is +Inf. */
+#define METRICS_NBOUNDS 29
 #define METRICS_NBUCKETS (METRICS_NBOUNDS + 1)
 extern const uint64_t metrics_bounds_ns[METRICS_NBOUNDS];
+/* The bucket a request of NS nanoseconds falls in. */
+size_t metrics_bucket_of(uint64_t ns);
+
+/* Why a connection was turned away before it could choose an export. */
+enum metrics_refusal {
+  METRICS_REFUSED_ALLOW_LIST,        /* not in --allow */
+  METRICS_REFUSED_MAX_CONNECTIONS,   /* --max-connections reached */
+  METRICS_REFUSED_TLS,               /* the TLS handshake failed */
+  METRICS_REFUSED_HANDSHAKE_TIMEOUT, /* the NBD handshake took too long */
+  METRICS_NREFUSALS
+};
 
 struct metrics_cmd_stats {
   atomic_uint_least64_t bucket[METRICS_NBUCKETS]; /* not cumulative */
@@ -42,6 +54,7 @@ struct metrics_export {
   _Alignas(64) atomic_uint_least64_t conns_open;
   atomic_uint_least64_t conns_total;
   atomic_uint_least64_t inflight;
+  atomic_uint_least64_t inflight_bytes; /* of reads and writes */
   atomic_uint_least64_t bytes_read, bytes_written;
   struct metrics_cmd_stats cmd[METRICS_NCMDS];
   atomic_uint_least64_t size;
@@ -50,12 +63,15 @@ struct metrics_export {
 };
 
 /* Exports come and go with config reloads: each name keeps its counters
- * (a removed export's series stay, so rates over a reload stay right);
- * entries are never freed before the whole struct, so connections may
- * keep pointers to them. */
+ * (a removed export's counters stay, so rates over a reload stay right,
+ * while its blockport_export_info and size series go); entries are never
+ * freed before the whole struct, so connections may keep pointers to
+ * them.  The default export, named "", is labelled export="(default)". */
 struct metrics {
   atomic_uint_least64_t conns_open; /* including those in the handshake */
   atomic_uint_least64_t conns_accepted;
+  atomic_uint_least64_t refused[METRICS_NREFUSALS];
+  uint64_t start_ns;    /* CLOCK_REALTIME when created */
   pthread_mutex_t lock; /* guards the array below, not the counters */
   struct metrics_export **exports;
   size_t nexports, cap;
@@ -80,14 +96,18 @@ enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type);
 
 void metrics_conn_accepted(struct metrics *m);
 void metrics_conn_closed(struct metrics *m);
+void metrics_conn_refused(struct metrics *m, enum metrics_refusal why);
 void metrics_export_opened(struct metrics_export *e);
 void metrics_export_closed(struct metrics_export *e);
-/* A request begins: counted in flight.  Returns its start time. */
-uint64_t metrics_req_start(struct metrics_export *e);
-/* A request ends after START (from metrics_req_start): BYTES of data
- * moved by a read or write, ERR when it failed. */
+/* A request of command CMD for LENGTH bytes has arrived: counted in
+ * flight (with its bytes, for a read or write).  Returns its start time. */
+uint64_t metrics_req_start(struct metrics_export *e, enum metrics_cmd cmd,
+                           uint64_t length);
+/* That request's reply has left (or will never leave): START and LENGTH
+ * as given to metrics_req_start(), ERR when it failed.  A successful read
+ * or write counts LENGTH bytes moved. */
 void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
-                      uint64_t start, uint64_t bytes, bool err);
+                      uint64_t start, uint64_t length, bool err);
 /* Count a finished request that took NS nanoseconds (for tests). */
 void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
                      uint64_t ns, uint64_t bytes, bool err);
@@ -97,13 +117,34 @@ void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
  * excluding the NUL, as snprintf does. */
 size_t metrics_render(struct metrics *m, char *buf, size_t cap);
 
+/* metrics-http-parse.c: what an HTTP request head asks, from its first
+ * LEN bytes in BUF (pure, for the listener and its fuzzer).  The head
+ * ends with an empty line; one that has not ended within
+ * METRICS_HTTP_MAX bytes is too large. */
+#define METRICS_HTTP_MAX 4096
+enum metrics_http_verdict {
+  METRICS_HTTP_MORE,       /* incomplete: read more */
+  METRICS_HTTP_GET,        /* GET /metrics: the page */
+  METRICS_HTTP_HEAD,       /* HEAD /metrics: its headers */
+  METRICS_HTTP_NOT_FOUND,  /* another path: 404 */
+  METRICS_HTTP_BAD_METHOD, /* another method on /metrics: 405 */
+  METRICS_HTTP_MALFORMED,  /* not an HTTP request: 400 */
+  METRICS_HTTP_TOO_LARGE,  /* no end within METRICS_HTTP_MAX bytes: 431 */
+};
+enum metrics_http_verdict metrics_http_parse(const char *buf, size_t len);
+
 /* metrics-http.c: the listener for GET /metrics. */
 struct metrics_http;
 /* Parse ADDR:PORT ([V6ADDR]:PORT for IPv6).  False if malformed. */
 bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
                         char *port, size_t portlen);
-/* Bind TEXT (ADDR:PORT) and serve M on a thread; NULL on error, with the
- * reason in bd_errmsg(). */
+/* Bind TEXT (ADDR:PORT) and serve M on a thread of its own: one poll()
+ * loop over non-blocking sockets, so that an idle or slow client delays
+ * no other.  At most METRICS_HTTP_CLIENTS clients at once; each has
+ * METRICS_HTTP_CLIENT_MS for its request and reply.  NULL on error, with
+ * the reason in bd_errmsg(). */
+#define METRICS_HTTP_CLIENTS 64
+#define METRICS_HTTP_CLIENT_MS 30000
 struct metrics_http *metrics_http_start(const char *text, struct metrics *m);
 void metrics_http_stop(struct metrics_http *h);
 

@@ -16,6 +16,7 @@
 
 #include "conn.h"
 #include "core/log.h"
+#include "metrics.h"
 #include "tls.h"
 
 #define SEND_IOV 512
@@ -29,9 +30,12 @@ void conn_wake_locked(struct conn *c) {
   (void)r; /* an eventfd write fails only when the counter is saturated */
 }
 
-/* A request is finished: give back its in-flight budget and keep it for
- * reuse. */
+/* A request is finished, its reply sent (or dropped): count it, give back
+ * its in-flight budget and keep it for reuse. */
 void conn_release_locked(struct conn *c, struct nreq *n) {
+  if (c->exp->mx)
+    metrics_req_done(c->exp->mx, metrics_cmd_of_nbd(n->r.type), n->t0,
+                     n->r.length, n->failed);
   c->inflight--;
   c->inflight_bytes -= n->cost;
   if (n->bufcap > 1024 * 1024) {

@@ -426,6 +426,8 @@ static void accept_one(struct server *srv, int lfd) {
   if (full) {
     log_warn("refusing %s: %u connections already", peer,
              srv->limits.max_connections);
+    if (srv->metrics)
+      metrics_conn_refused(srv->metrics, METRICS_REFUSED_MAX_CONNECTIONS);
     close(fd);
     return;
   }
@@ -433,6 +435,8 @@ static void accept_one(struct server *srv, int lfd) {
   if (ss.ss_family != AF_UNIX &&
       !acl_allows(srv->allow, srv->nallow, (struct sockaddr *)&ss)) {
     log_info("refusing %s: not in --allow", peer);
+    if (srv->metrics)
+      metrics_conn_refused(srv->metrics, METRICS_REFUSED_ALLOW_LIST);
     close(fd);
     return;
   }

@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The Prometheus text rendering of server/metrics.c, and the parsing of
- * --metrics ADDR:PORT. */
+/* The Prometheus text rendering of server/metrics.c, the histogram's
+ * buckets, the counters of core/stats.h, the HTTP request parser of
+ * server/metrics-http-parse.c, and the parsing of --metrics ADDR:PORT. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/stats.h"
 #include "server/metrics.h"
+
+BD_STAT_DEFINE(test_stat, "unit_test_events_total", "Events of the test.")
 
 static struct metrics *make(size_t n, const char *const *names) {
   uint64_t sizes[4] = {1048576, 2, 3, 4};
@@ -43,12 +47,17 @@ Test(metrics, help_and_type_precede_samples) {
   cr_assert(strstr(t, "# TYPE blockport_requests_total counter\n"));
   cr_assert(strstr(t, "# TYPE blockport_request_duration_seconds histogram\n"));
   cr_assert_eq(sample(t, "blockport_exports"), 1);
-  cr_assert_eq(sample(t, "blockport_export_info{export=\"\"}"), 1);
-  cr_assert_eq(sample(t, "blockport_export_size_bytes{export=\"\"}"), 1048576);
+  /* The default export is named "": never an empty label value. */
+  cr_assert_eq(sample(t, "blockport_export_info{export=\"(default)\"}"), 1);
+  cr_assert_eq(sample(t, "blockport_export_size_bytes{export=\"(default)\"}"),
+               1048576);
+  cr_assert_null(strstr(t, "export=\"\""));
   cr_assert_eq(t[strlen(t) - 1], '\n');
   /* Every line is a comment or "name{labels} value". */
   for (char *line = strtok(t, "\n"); line; line = strtok(NULL, "\n"))
-    cr_assert(line[0] == '#' || !strncmp(line, "blockport_", 10), "%s", line);
+    cr_assert(line[0] == '#' || !strncmp(line, "blockport_", 10) ||
+                  !strncmp(line, "process_start_time_seconds ", 27),
+              "%s", line);
   free(t);
   metrics_free(m);
 }
@@ -65,7 +74,8 @@ Test(metrics, counters) {
   metrics_observe(a, METRICS_READ, 1000, 4096, false);
   metrics_observe(a, METRICS_READ, 1000, 4096, true);
   metrics_observe(b, METRICS_WRITE, 1000, 512, false);
-  uint64_t t0 = metrics_req_start(b);
+  uint64_t t0 = metrics_req_start(b, METRICS_FLUSH, 0);
+  uint64_t t1 = metrics_req_start(b, METRICS_READ, 65536);
   char *t = render(m);
   cr_assert_eq(sample(t, "blockport_connections"), 1);
   cr_assert_eq(sample(t, "blockport_connections_accepted_total"), 2);
@@ -79,11 +89,17 @@ Test(metrics, counters) {
       1);
   cr_assert_eq(sample(t, "blockport_read_bytes_total{export=\"a\"}"), 8192);
   cr_assert_eq(sample(t, "blockport_written_bytes_total{export=\"b\"}"), 512);
-  cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 1);
+  cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 2);
+  cr_assert_eq(sample(t, "blockport_requests_in_flight_bytes{export=\"b\"}"),
+               65536);
   free(t);
   metrics_req_done(b, METRICS_FLUSH, t0, 0, false);
+  metrics_req_done(b, METRICS_READ, t1, 65536, false);
   t = render(m);
   cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 0);
+  cr_assert_eq(sample(t, "blockport_requests_in_flight_bytes{export=\"b\"}"),
+               0);
+  cr_assert_eq(sample(t, "blockport_read_bytes_total{export=\"b\"}"), 65536);
   cr_assert_eq(
       sample(t, "blockport_requests_total{export=\"b\",cmd=\"flush\"}"), 1);
   free(t);
@@ -93,7 +109,7 @@ Test(metrics, counters) {
 Test(metrics, histogram_is_cumulative) {
   const char *names[] = {"x"};
   struct metrics *m = make(1, names);
-  /* 10us, 50us (on the bound: le is inclusive), 300us, 2ms, 5s */
+  /* 10us (on a bound: le is inclusive), 50us, 300us, 2ms, 5s */
   uint64_t ns[] = {10000, 50000, 300000, 2000000, 5000000000ull};
   for (size_t i = 0; i < 5; i++)
     metrics_observe(m->exports[0], METRICS_WRITE, ns[i], 1, false);
@@ -104,8 +120,11 @@ Test(metrics, histogram_is_cumulative) {
   struct {
     const char *le;
     long long n;
-  } want[] = {{"5e-05", 2}, {"0.0001", 2}, {"0.00025", 2}, {"0.0005", 3},
-              {"0.001", 3}, {"0.0025", 4}, {"1", 4},       {"+Inf", 5}};
+  } want[] = {{"1e-06", 0},     {"5.623e-06", 0}, {"1e-05", 1},
+              {"1.778e-05", 1}, {"5.623e-05", 2}, {"0.0003162", 3},
+              {"0.001", 3},     {"0.003162", 4},  {"1", 4},
+              {"3.162", 4},     {"5.623", 5},     {"10", 5},
+              {"+Inf", 5}};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
     snprintf(key, sizeof key, "%s\"%s\"}", p, want[i].le);
     cr_assert_eq(sample(t, key), want[i].n, "%s", key);
@@ -123,7 +142,7 @@ Test(metrics, histogram_is_cumulative) {
     if (strncmp(line, "blockport_request_duration_seconds_bucket", 41))
       continue;
     long long v = atoll(strrchr(line, ' ') + 1);
-    if (strstr(line, "le=\"5e-05\""))
+    if (strstr(line, "le=\"1e-06\""))
       last = -1;
     cr_assert_geq(v, last, "%s", line);
     last = v;
@@ -132,8 +151,8 @@ Test(metrics, histogram_is_cumulative) {
   metrics_free(m);
 }
 
-/* A reload: exports get() again keep their counters, removed ones stay
- * with export_info 0, new ones appear. */
+/* A reload: exports get() again keep their counters, removed ones keep
+ * their counters but lose their info and size series, new ones appear. */
 Test(metrics, exports_survive_reloads) {
   const char *names[] = {"keep", "gone"};
   struct metrics *m = make(2, names);
@@ -145,7 +164,10 @@ Test(metrics, exports_survive_reloads) {
   char *t = render(m);
   cr_assert_eq(sample(t, "blockport_exports"), 2);
   cr_assert_eq(sample(t, "blockport_export_info{export=\"keep\"}"), 1);
-  cr_assert_eq(sample(t, "blockport_export_info{export=\"gone\"}"), 0);
+  cr_assert_eq(sample(t, "blockport_export_info{export=\"gone\"}"), -1);
+  cr_assert_eq(sample(t, "blockport_export_size_bytes{export=\"gone\"}"), -1);
+  cr_assert_eq(
+      sample(t, "blockport_requests_total{export=\"gone\",cmd=\"read\"}"), 0);
   cr_assert_eq(sample(t, "blockport_export_info{export=\"new\"}"), 1);
   cr_assert_eq(sample(t, "blockport_export_size_bytes{export=\"keep\"}"), 7);
   cr_assert_eq(sample(t, "blockport_read_bytes_total{export=\"keep\"}"), 100);
@@ -188,4 +210,131 @@ Test(metrics, parse_addr) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     cr_assert(!metrics_parse_addr(bad[i], h, sizeof h, p, sizeof p), "%s",
               bad[i]);
+}
+
+Test(metrics, bucket_of_matches_a_linear_search) {
+  uint64_t probes[] = {0,
+                       1,
+                       999,
+                       1000,
+                       1001,
+                       1777,
+                       1778,
+                       1779,
+                       5623,
+                       5624,
+                       999999999,
+                       1000000000,
+                       1000000001,
+                       9999999999,
+                       10000000000ull,
+                       10000000001ull,
+                       UINT64_MAX};
+  cr_assert_eq(metrics_bounds_ns[0], 1000);
+  cr_assert_eq(metrics_bounds_ns[METRICS_NBOUNDS - 1], 10000000000ull);
+  for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
+    size_t want = 0;
+    while (want < METRICS_NBOUNDS && probes[i] > metrics_bounds_ns[want])
+      want++;
+    cr_assert_eq(metrics_bucket_of(probes[i]), want, "%llu",
+                 (unsigned long long)probes[i]);
+  }
+  for (size_t b = 1; b < METRICS_NBOUNDS; b++)
+    cr_assert_gt(metrics_bounds_ns[b], metrics_bounds_ns[b - 1]);
+}
+
+Test(metrics, process_refusals_pool_and_stats) {
+  const char *names[] = {"e"};
+  struct metrics *m = make(1, names);
+  metrics_conn_refused(m, METRICS_REFUSED_MAX_CONNECTIONS);
+  metrics_conn_refused(m, METRICS_REFUSED_MAX_CONNECTIONS);
+  metrics_conn_refused(m, METRICS_REFUSED_TLS);
+  bd_stat_add(&test_stat, 3);
+  char *t = render(m);
+  cr_assert(strstr(t, "\nblockport_build_info{version=\""));
+  cr_assert(strstr(t, "# TYPE process_start_time_seconds gauge\n"));
+  const char *st = strstr(t, "\nprocess_start_time_seconds ");
+  cr_assert(st);
+  cr_assert_gt(atof(st + 28), 1.6e9);
+  const char *r = "blockport_connections_refused_total{reason=";
+  char key[100];
+  const char *reasons[] = {"allow_list", "max_connections", "tls",
+                           "handshake_timeout"};
+  long long want[] = {0, 2, 1, 0};
+  for (size_t i = 0; i < 4; i++) {
+    snprintf(key, sizeof key, "%s\"%s\"}", r, reasons[i]);
+    cr_assert_eq(sample(t, key), want[i], "%s", key);
+  }
+  cr_assert_geq(sample(t, "blockport_pool_queue_depth"), 0);
+  cr_assert_geq(sample(t, "blockport_pool_workers"), 0);
+  cr_assert(strstr(t, "# TYPE blockport_unit_test_events_total counter\n"));
+  cr_assert_eq(sample(t, "blockport_unit_test_events_total"), 3);
+  free(t);
+  metrics_free(m);
+}
+
+static void count_test_stat(const struct bd_stat *s, void *ctx) {
+  if (!strcmp(s->name, "unit_test_events_total"))
+    ++*(size_t *)ctx;
+}
+
+Test(metrics, stats_count_once_registered) {
+  uint64_t before = bd_stat_value(&test_stat);
+  bd_stat_register(&test_stat); /* again: a no-op */
+  for (int i = 0; i < 1000; i++)
+    bd_stat_add(&test_stat, 1);
+  cr_assert_eq(bd_stat_value(&test_stat), before + 1000);
+  size_t seen = 0;
+  bd_stats_foreach(count_test_stat, &seen);
+  cr_assert_eq(seen, 1);
+}
+
+static enum metrics_http_verdict parse(const char *s) {
+  return metrics_http_parse(s, strlen(s));
+}
+
+Test(metrics, http_parse) {
+  cr_assert_eq(parse("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+               METRICS_HTTP_GET);
+  cr_assert_eq(parse("GET /metrics?x=1 HTTP/1.0\n\n"), METRICS_HTTP_GET);
+  cr_assert_eq(parse("HEAD /metrics HTTP/1.0\r\n\r\n"), METRICS_HTTP_HEAD);
+  cr_assert_eq(parse("POST /metrics HTTP/1.0\r\n\r\nbody"),
+               METRICS_HTTP_BAD_METHOD);
+  cr_assert_eq(parse("GET / HTTP/1.0\r\n\r\n"), METRICS_HTTP_NOT_FOUND);
+  cr_assert_eq(parse("GET /metricsx HTTP/1.0\r\n\r\n"), METRICS_HTTP_NOT_FOUND);
+  cr_assert_eq(parse("POST /x HTTP/1.0\r\n\r\n"), METRICS_HTTP_NOT_FOUND);
+  /* Incomplete heads ask for more. */
+  cr_assert_eq(parse(""), METRICS_HTTP_MORE);
+  cr_assert_eq(parse("GET /metr"), METRICS_HTTP_MORE);
+  cr_assert_eq(parse("GET /metrics HTTP/1.0\r\n"), METRICS_HTTP_MORE);
+  cr_assert_eq(parse("GET /metrics HTTP/1.0\r\n\r"), METRICS_HTTP_MORE);
+  /* Malformed request lines. */
+  const char *bad[] = {"garbage\r\n\r\n",
+                       "GET\r\n\r\n",
+                       "GET /metrics\r\n\r\n",
+                       "GET  /metrics HTTP/1.0\n\n",
+                       "GET /metrics FTP/1\n\n",
+                       "G3T /metrics HTTP/1.0\n\n",
+                       "GET /me\ttrics HTTP/1.0\n\n",
+                       "\n\n",
+                       "GET /metrics HTTP/1.0 x\n\n"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_eq(parse(bad[i]), METRICS_HTTP_MALFORMED, "%s", bad[i]);
+  static const char nul[] = "GET /metrics HTTP/1.0\r\nX: \0\r\n\r\n";
+  cr_assert_eq(metrics_http_parse(nul, sizeof nul - 1), METRICS_HTTP_MALFORMED);
+  /* The size bound: a head must end within METRICS_HTTP_MAX bytes. */
+  char *big = malloc(METRICS_HTTP_MAX + 10);
+  memset(big, 'a', METRICS_HTTP_MAX + 10);
+  memcpy(big, "GET /metrics HTTP/1.0\r\nX: ", 26);
+  cr_assert_eq(metrics_http_parse(big, METRICS_HTTP_MAX - 1),
+               METRICS_HTTP_MORE);
+  cr_assert_eq(metrics_http_parse(big, METRICS_HTTP_MAX),
+               METRICS_HTTP_TOO_LARGE);
+  memcpy(big + METRICS_HTTP_MAX - 4, "\r\n\r\n", 4);
+  cr_assert_eq(metrics_http_parse(big, METRICS_HTTP_MAX + 10),
+               METRICS_HTTP_GET);
+  memcpy(big + METRICS_HTTP_MAX - 3, "\r\n\r\n", 4);
+  cr_assert_eq(metrics_http_parse(big, METRICS_HTTP_MAX + 10),
+               METRICS_HTTP_TOO_LARGE);
+  free(big);
 }
