@@ -1,8 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The metrics listener: a thread answering GET /metrics, one request per
- * connection (HTTP/1.0 style).  It shares nothing with the NBD server but
- * the counters, and bounds each client in size and time, so a slow or
- * hostile scraper can only delay other scrapes. */
+/* The metrics listener: a thread of its own running one poll() loop over
+ * non-blocking sockets, answering GET /metrics once per connection
+ * (HTTP/1.0 style).  It shares nothing with the NBD server but the
+ * counters.  Every client is bounded: its request head in size
+ * (METRICS_HTTP_MAX), its whole exchange in time (METRICS_HTTP_CLIENT_MS),
+ * and the clients in number (METRICS_HTTP_CLIENTS; a new one beyond that
+ * closes the oldest that has not finished its request), so an idle, slow
+ * or hostile client costs a slot, never another client's scrape. */
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
@@ -19,8 +23,25 @@
 #include "core/log.h"
 #include "metrics.h"
 
-#define REQ_MAX 4096   /* request line and headers */
-#define CLIENT_MS 2000 /* a client's whole request and reply */
+#define DRAIN_MS 1000 /* after the reply, for the client to close first */
+
+enum client_state {
+  READING,  /* the request head */
+  WRITING,  /* the reply, maybe in several sends */
+  DRAINING, /* replied and shut down for writing: wait for the client's
+             * end, so that unread input does not turn our close into a
+             * reset that could destroy the reply */
+};
+
+struct client {
+  int fd;
+  enum client_state state;
+  int64_t since, deadline; /* ms, monotonic */
+  size_t rlen;
+  char req[METRICS_HTTP_MAX];
+  char *out; /* the reply */
+  size_t olen, osent;
+};
 
 struct metrics_http {
   int lfd, stopfd;
@@ -28,8 +49,10 @@ struct metrics_http {
   pthread_t thread;
   char *page; /* reused between scrapes */
   size_t pagecap;
+  size_t nclients;
+  struct client clients[METRICS_HTTP_CLIENTS];
+  struct pollfd pfd[2 + METRICS_HTTP_CLIENTS];
 };
-
 bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
                         char *port, size_t portlen) {
   const char *colon, *h = text;
@@ -78,7 +101,7 @@ static int listen_on(const char *text) {
   if (fd >= 0)
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) < 0 ||
-      listen(fd, 16) < 0) {
+      listen(fd, METRICS_HTTP_CLIENTS) < 0) {
     int e = errno;
     bd_set_error("--metrics %s: %s", text, strerror(e));
     if (fd >= 0)
@@ -93,56 +116,6 @@ static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Wait until FD is ready for EVENTS, or DEADLINE (ms) passes. */
-static bool wait_fd(int fd, short events, int64_t deadline) {
-  int left = (int)(deadline - now_ms());
-  if (left <= 0)
-    return false;
-  struct pollfd p = {.fd = fd, .events = events};
-  return poll(&p, 1, left) > 0;
-}
-
-/* Read the request head into BUF.  Returns its length, 0 if the client
- * went away or was too slow, -1 if it is larger than the buffer. */
-static int read_head(int fd, char *buf, size_t cap, int64_t deadline) {
-  size_t len = 0;
-  while (len + 1 < cap) {
-    if (!wait_fd(fd, POLLIN, deadline))
-      return 0;
-    ssize_t n = recv(fd, buf + len, cap - 1 - len, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-      continue;
-    if (n <= 0)
-      return 0;
-    len += (size_t)n;
-    buf[len] = '\0';
-    if (memmem(buf, len, "\r\n\r\n", 4) || memmem(buf, len, "\n\n", 2))
-      return (int)len;
-  }
-  return -1;
-}
-
-static void send_all(int fd, const char *p, size_t len, int64_t deadline) {
-  while (len > 0 && wait_fd(fd, POLLOUT, deadline)) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-      continue;
-    if (n <= 0)
-      return;
-    p += n;
-    len -= (size_t)n;
-  }
-}
-
-static void send_status(int fd, const char *status, int64_t deadline) {
-  char msg[256];
-  int n = snprintf(msg, sizeof msg,
-                   "HTTP/1.0 %s\r\nContent-Type: text/plain\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s\n",
-                   status, strlen(status) + 1, status);
-  send_all(fd, msg, (size_t)n, deadline);
 }
 
 /* Render the metrics into h->page, growing it as needed. */
@@ -161,77 +134,193 @@ static const char *render_page(struct metrics_http *h, size_t *len) {
   }
 }
 
-static void send_metrics(struct metrics_http *h, int fd, bool head,
-                         int64_t deadline) {
+/* A reply of STATUS with the headers and BODY (LEN bytes), in a buffer of
+ * its own for C.  False when out of memory. */
+static bool set_reply(struct client *c, const char *status, const char *type,
+                      const char *body, size_t len, bool head) {
+  char hdr[256];
+  int n = snprintf(hdr, sizeof hdr,
+                   "HTTP/1.0 %s\r\nContent-Type: %s\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                   status, type, len);
+  size_t body_len = head ? 0 : len;
+  c->out = malloc((size_t)n + body_len);
+  if (!c->out)
+    return false;
+  memcpy(c->out, hdr, (size_t)n);
+  memcpy(c->out + n, body, body_len);
+  c->olen = (size_t)n + body_len;
+  c->osent = 0;
+  return true;
+}
+
+static bool set_status(struct client *c, const char *status) {
+  char body[64];
+  int n = snprintf(body, sizeof body, "%s\n", status);
+  return set_reply(c, status, "text/plain", body, (size_t)n, false);
+}
+
+static const char *status_of(enum metrics_http_verdict v) {
+  switch (v) {
+  case METRICS_HTTP_NOT_FOUND: return "404 Not Found";
+  case METRICS_HTTP_BAD_METHOD: return "405 Method Not Allowed";
+  case METRICS_HTTP_TOO_LARGE: return "431 Request Header Fields Too Large";
+  default: return "400 Bad Request";
+  }
+}
+
+/* The reply to what C asked.  False when none can be made. */
+static bool answer(struct metrics_http *h, struct client *c,
+                   enum metrics_http_verdict v) {
+  if (v != METRICS_HTTP_GET && v != METRICS_HTTP_HEAD)
+    return set_status(c, status_of(v));
   size_t len;
   const char *page = render_page(h, &len);
-  if (!page) {
-    send_status(fd, "500 Internal Server Error", deadline);
-    return;
-  }
-  char hdr[200];
-  int n = snprintf(hdr, sizeof hdr,
-                   "HTTP/1.0 200 OK\r\n"
-                   "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   len);
-  send_all(fd, hdr, (size_t)n, deadline);
-  if (!head)
-    send_all(fd, page, len, deadline);
+  if (!page)
+    return set_status(c, "500 Internal Server Error");
+  return set_reply(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8",
+                   page, len, v == METRICS_HTTP_HEAD);
 }
 
-/* "GET /metrics HTTP/1.1": the path may carry a query string. */
-static void answer(struct metrics_http *h, int fd, char *req,
-                   int64_t deadline) {
-  char *sp1 = strchr(req, ' ');
-  char *sp2 = sp1 ? strpbrk(sp1 + 1, " \r\n") : NULL;
-  if (!sp1 || !sp2 || *sp2 != ' ' || strncmp(sp2 + 1, "HTTP/", 5) != 0) {
-    send_status(fd, "400 Bad Request", deadline);
-    return;
-  }
-  *sp1 = *sp2 = '\0';
-  char *path = sp1 + 1, *q = strchr(path, '?');
-  if (q)
-    *q = '\0';
-  bool get = !strcmp(req, "GET"), head = !strcmp(req, "HEAD");
-  if (strcmp(path, "/metrics") != 0)
-    send_status(fd, "404 Not Found", deadline);
-  else if (!get && !head)
-    send_status(fd, "405 Method Not Allowed", deadline);
-  else
-    send_metrics(h, fd, head, deadline);
+static void drop(struct metrics_http *h, size_t i) {
+  struct client *c = &h->clients[i];
+  close(c->fd);
+  free(c->out);
+  h->nclients--;
+  if (i != h->nclients)
+    h->clients[i] = h->clients[h->nclients];
 }
 
-static void serve_client(struct metrics_http *h, int fd) {
-  char req[REQ_MAX];
-  int64_t deadline = now_ms() + CLIENT_MS;
-  int n = read_head(fd, req, sizeof req, deadline);
-  if (n < 0)
-    send_status(fd, "431 Request Header Fields Too Large", deadline);
-  else if (n > 0 && memchr(req, '\0', (size_t)n))
-    send_status(fd, "400 Bad Request", deadline);
-  else if (n > 0)
-    answer(h, fd, req, deadline);
-  shutdown(fd, SHUT_WR);
-  close(fd);
+/* Send what the socket takes.  False when C is done with. */
+static bool step_write(struct client *c) {
+  while (c->osent < c->olen) {
+    ssize_t n = send(c->fd, c->out + c->osent, c->olen - c->osent,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return true;
+    if (n <= 0)
+      return false;
+    c->osent += (size_t)n;
+  }
+  free(c->out);
+  c->out = NULL;
+  shutdown(c->fd, SHUT_WR);
+  c->state = DRAINING;
+  int64_t until = now_ms() + DRAIN_MS;
+  if (until < c->deadline)
+    c->deadline = until;
+  return true;
+}
+
+/* Read what has come.  False when C is done with. */
+static bool step_read(struct metrics_http *h, struct client *c) {
+  char scratch[4096];
+  bool draining = c->state == DRAINING;
+  char *to = draining ? scratch : c->req + c->rlen;
+  size_t room = draining ? sizeof scratch : sizeof c->req - c->rlen;
+  ssize_t n = recv(c->fd, to, room, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    return true;
+  if (n <= 0 || draining)
+    return n > 0; /* an end before the whole head: no reply */
+  c->rlen += (size_t)n;
+  enum metrics_http_verdict v = metrics_http_parse(c->req, c->rlen);
+  if (v == METRICS_HTTP_MORE)
+    return true;
+  if (!answer(h, c, v))
+    return false;
+  c->state = WRITING;
+  return step_write(c);
+}
+
+/* Room for one more client: close the oldest one still reading its
+ * request (idle, or too slow), if any. */
+static bool make_room(struct metrics_http *h) {
+  if (h->nclients < METRICS_HTTP_CLIENTS)
+    return true;
+  size_t oldest = SIZE_MAX;
+  for (size_t i = 0; i < h->nclients; i++)
+    if (h->clients[i].state == READING &&
+        (oldest == SIZE_MAX || h->clients[i].since < h->clients[oldest].since))
+      oldest = i;
+  if (oldest == SIZE_MAX)
+    return false;
+  drop(h, oldest);
+  return true;
+}
+
+static void accept_clients(struct metrics_http *h) {
+  for (;;) {
+    int fd = accept4(h->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0)
+      return; /* EAGAIN, or an error the next poll may clear */
+    if (!make_room(h)) {
+      close(fd); /* every client is being answered: this one must wait */
+      continue;
+    }
+    struct client *c = &h->clients[h->nclients++];
+    c->fd = fd;
+    c->state = READING;
+    c->since = now_ms();
+    c->deadline = c->since + METRICS_HTTP_CLIENT_MS;
+    c->rlen = 0;
+    c->out = NULL;
+  }
+}
+
+/* The pollfds of the listener and the clients; returns the poll timeout
+ * (ms) until the nearest client deadline, -1 for none. */
+static int prepare_poll(struct metrics_http *h, int64_t now) {
+  h->pfd[0] = (struct pollfd){.fd = h->stopfd, .events = POLLIN};
+  h->pfd[1] = (struct pollfd){.fd = h->lfd, .events = POLLIN};
+  int64_t next = -1;
+  for (size_t i = 0; i < h->nclients; i++) {
+    struct client *c = &h->clients[i];
+    h->pfd[2 + i] = (struct pollfd){
+        .fd = c->fd, .events = c->state == WRITING ? POLLOUT : POLLIN};
+    if (next < 0 || c->deadline < next)
+      next = c->deadline;
+  }
+  if (next < 0)
+    return -1;
+  return next > now ? (int)(next - now) : 0;
+}
+
+/* Serve the clients poll found ready; drop those done or out of time.
+ * Backwards, as drop() moves the last client into the hole. */
+static void serve_clients(struct metrics_http *h) {
+  int64_t now = now_ms();
+  for (size_t i = h->nclients; i-- > 0;) {
+    struct client *c = &h->clients[i];
+    short re = h->pfd[2 + i].revents;
+    bool keep = true;
+    if (re & (POLLIN | POLLERR | POLLHUP))
+      keep = c->state == WRITING ? step_write(c) : step_read(h, c);
+    else if (re & POLLOUT)
+      keep = step_write(c);
+    if (!keep || now >= c->deadline)
+      drop(h, i);
+  }
 }
 
 static void *http_main(void *arg) {
   struct metrics_http *h = arg;
   pthread_setname_np(pthread_self(), "bp-metrics");
   for (;;) {
-    struct pollfd p[2] = {{.fd = h->lfd, .events = POLLIN},
-                          {.fd = h->stopfd, .events = POLLIN}};
-    if (poll(p, 2, -1) < 0 && errno != EINTR)
+    size_t n = h->nclients;
+    int timeout = prepare_poll(h, now_ms());
+    if (poll(h->pfd, 2 + n, timeout) < 0 && errno != EINTR)
       break;
-    if (p[1].revents)
+    if (h->pfd[0].revents)
       break;
-    if (!(p[0].revents & POLLIN))
-      continue;
-    int fd = accept4(h->lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd >= 0)
-      serve_client(h, fd);
+    serve_clients(h);
+    if (h->pfd[1].revents & POLLIN)
+      accept_clients(h);
   }
+  while (h->nclients > 0)
+    drop(h, h->nclients - 1);
   return NULL;
 }
 
