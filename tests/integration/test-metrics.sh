@@ -3,7 +3,11 @@
 # serve --metrics: the Prometheus endpoint counts exactly what fio did
 # (requests by command, bytes, latency histogram counts), during and after
 # a run; other paths get 404; malformed, oversized and stalled HTTP requests
-# leave the server serving; a bad --metrics address is a usage error.
+# leave the server serving; a bad --metrics address is a usage error.  A
+# second server, of one unnamed qcow2 image, labels it export="(default)",
+# counts the qcow2 L2 cache, and counts connections refused for each
+# reason (max connections, handshake timeout, allow list, TLS).
+# test-metrics-load.sh scrapes under load with 50 idle HTTP clients.
 source "$(dirname "$0")/lib.sh"
 require fio curl
 fio --enghelp=nbd >/dev/null 2>&1 || skip "fio has no nbd engine"
@@ -50,7 +54,30 @@ expect "$m" blockport_exports 2
 expect "$m" 'blockport_export_info{export="mem"}' 1
 expect "$m" 'blockport_export_size_bytes{export="other"}' 1048576
 expect "$m" "$(cmd_sample requests_total write)" 0
-ok "empty counters"
+expect "$m" "blockport_build_info{version=\"$("$BLOCKPORT" --version | cut -d' ' -f2)\"}" 1
+start=$(value "$m" process_start_time_seconds)
+now=$(date +%s)
+((${start%.*} > now - 600 && ${start%.*} <= now)) ||
+    fail "process_start_time_seconds is $start, now is $now"
+for reason in allow_list max_connections tls handshake_timeout; do
+    expect "$m" "blockport_connections_refused_total{reason=\"$reason\"}" 0
+done
+for name in pool_queue_depth pool_workers pool_busy_workers \
+    qcow2_l2_cache_hits_total qcow2_l2_cache_misses_total \
+    qcow2_l2_cache_evictions_total nbd_reconnects_total \
+    nbd_request_timeouts_total nbd_hung_connections_total; do
+    [[ $(value "$m" "blockport_$name") =~ ^[0-9]+$ ]] || fail "no blockport_$name"
+done
+ok "empty counters; build info, start time, refusals, pool and source counters"
+
+# settled CMD N: a scrape (in $m) counts N requests of CMD on mem, and none
+# in flight.  A request counts when its reply has left the socket, which
+# may be a moment after the client has it: wait for that, with a deadline.
+settled() {
+    m=$(scrape) &&
+        [[ $(value "$m" "$(cmd_sample requests_total "$1")") == "$2" &&
+            $(value "$m" 'blockport_requests_in_flight{export="mem"}') == 0 ]]
+}
 
 run_fio() {
     (cd "$T" && timeout --kill-after=5 120 fio --output-format=terse "$1") \
@@ -69,7 +96,7 @@ iodepth=16
 fsync=256
 EOF
 run_fio write.fio
-m=$(scrape)
+wait_until 5 settled write 2048 || true
 expect "$m" "$(cmd_sample requests_total write)" 2048
 expect "$m" 'blockport_written_bytes_total{export="mem"}' 8388608
 expect "$m" "$(cmd_sample request_duration_seconds_count write)" 2048
@@ -79,6 +106,7 @@ flushes=$(value "$m" "$(cmd_sample requests_total flush)")
 ((flushes >= 8)) || fail "$flushes flushes, expected at least 8"
 expect "$m" "$(cmd_sample request_duration_seconds_count flush)" "$flushes"
 expect "$m" 'blockport_requests_in_flight{export="mem"}' 0
+expect "$m" 'blockport_requests_in_flight_bytes{export="mem"}' 0
 expect "$m" 'blockport_export_connections{export="mem"}' 0
 conns=$(value "$m" 'blockport_export_connections_total{export="mem"}')
 ((conns >= 1)) || fail "$conns connections to mem"
@@ -108,7 +136,7 @@ wait_until 10 mid_run || fail "never saw the read counter between 0 and 2048"
 during=$n
 expect "$m" 'blockport_export_connections{export="mem"}' 1
 wait "$fio_pid" || fail "fio read failed"
-m=$(scrape)
+wait_until 5 settled read 2048 || true
 expect "$m" "$(cmd_sample requests_total read)" 2048
 expect "$m" 'blockport_read_bytes_total{export="mem"}' 8388608
 expect "$m" "$(cmd_sample request_duration_seconds_count read)" 2048
@@ -158,7 +186,7 @@ assert ask(b"\0\xff\r\n\r\n").startswith(b"HTTP/1.0 400"), "binary"
 r = ask(b"GET /metrics HTTP/1.0\r\nX: " + b"a" * 100000 + b"\r\n\r\n")
 assert r.startswith(b"HTTP/1.0 431"), r
 assert ask(b"GET /metr").startswith(b"") # half a request, then EOF
-# A client that sends nothing holds the listener at most a few seconds.
+# A client that sends nothing delays nobody: the listener serves all at once.
 idle = socket.create_connection(("127.0.0.1", port))
 t = time.time()
 r = ask(b"GET /metrics HTTP/1.0\r\n\r\n")
@@ -175,5 +203,104 @@ assert h.pread(4096, 0) is not None
 h.shutdown()
 EOF
 ok "server still answers HTTP and NBD"
+
+stop_server
+
+# ---- one unnamed qcow2 image; refusals ----
+require qemu-img
+random_file "$T/data.raw" 4
+qemu-img convert -f raw -O qcow2 "$T/data.raw" "$T/disk.qcow2"
+tls=()
+have_psk=
+if command -v psktool >/dev/null && command -v nbdinfo >/dev/null; then
+    mkdir "$T/psk" "$T/badpsk"
+    psktool -u alice -p "$T/psk/keys.psk" >/dev/null
+    psktool -u alice -p "$T/badpsk/keys.psk" >/dev/null # another key
+    tls=(--tls on --tls-psk "$T/psk/keys.psk")
+    have_psk=1
+fi
+for attempt in 1 2 3 4 5; do
+    MPORT=$(_free_port)
+    PORT=$(_free_port)
+    _launch --unix "$T/sock" --bind 127.0.0.1 --port "$PORT" -- \
+        --metrics "127.0.0.1:$MPORT" --allow 127.0.0.2/32 --max-connections 2 \
+        --handshake-timeout 1 "${tls[@]}" -f qcow2 "$T/disk.qcow2"
+    if _wait_started; then
+        break
+    fi
+    ((attempt < 5)) || fail "could not start the second server"
+done
+MURL="http://127.0.0.1:$MPORT/metrics"
+
+check "the unnamed export is labelled export=\"(default)\""
+"$PY" - "$SOCK" "$T/data.raw" <<'EOF' || fail "reading the qcow2 export"
+import nbd, sys
+h = nbd.NBD(); h.connect_unix(sys.argv[1])
+data = open(sys.argv[2], "rb").read()
+for off in range(0, len(data), 65536):
+    assert h.pread(65536, off) == data[off:off + 65536], off
+h.shutdown()
+EOF
+m=
+reads_counted() {
+    m=$(scrape) &&
+        [[ $(value "$m" 'blockport_requests_total{export="(default)",cmd="read"}') == 64 ]]
+}
+wait_until 5 reads_counted || fail "64 reads not counted on export=\"(default)\""
+expect "$m" 'blockport_export_info{export="(default)"}' 1
+expect "$m" 'blockport_read_bytes_total{export="(default)"}' 4194304
+if grep -q 'export=""' <<<"$m"; then fail "an empty export label"; fi
+hits=$(value "$m" blockport_qcow2_l2_cache_hits_total)
+misses=$(value "$m" blockport_qcow2_l2_cache_misses_total)
+((misses >= 1 && hits + misses >= 64)) ||
+    fail "L2 cache: $hits hits and $misses misses for 64 reads"
+ok "64 reads of (default); L2 cache $hits hits, $misses misses"
+
+refused() { value "$m" "blockport_connections_refused_total{reason=\"$1\"}"; }
+until_refused() { m=$(scrape) && [[ $(refused "$1") == "$2" ]]; }
+open_conns() { m=$(scrape) && [[ $(value "$m" blockport_connections) == "$1" ]]; }
+
+check "refused: max connections, then handshake timeouts"
+# Two clients that never negotiate fill --max-connections 2; a third is
+# refused; the two time out after --handshake-timeout 1.
+"$PY" - "$SOCK" "$T/held" <<'EOF' &
+import socket, sys, time
+held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+for s in held:
+    s.connect(sys.argv[1])
+open(sys.argv[2], "w").write("2\n")
+time.sleep(30)
+EOF
+track_pid $!
+wait_file 10 "$T/held" || fail "could not connect the idle NBD clients"
+wait_until 5 open_conns 2 || fail "2 connections not seen"
+"$PY" -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(1)' \
+    "$SOCK" 2>/dev/null || true
+wait_until 5 until_refused max_connections 1 ||
+    fail "max_connections is $(refused max_connections)"
+wait_until 10 until_refused handshake_timeout 2 ||
+    fail "handshake_timeout is $(refused handshake_timeout)"
+ok "max_connections 1, handshake_timeout 2"
+
+check "refused: not in --allow"
+wait_until 5 open_conns 0 || fail "connections still open"
+"$PY" -c 'import socket, sys; s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); s.recv(1)' \
+    "$PORT" 2>/dev/null || true
+wait_until 5 until_refused allow_list 1 || fail "allow_list is $(refused allow_list)"
+ok "allow_list 1"
+
+if [[ -n $have_psk ]]; then
+    check "refused: a failed TLS handshake"
+    if nbdinfo "nbds+unix://alice@/?socket=$SOCK&tls-psk-file=$T/badpsk/keys.psk" \
+        >/dev/null 2>&1; then
+        fail "nbdinfo with the wrong key succeeded"
+    fi
+    wait_until 5 until_refused tls 1 || fail "tls is $(refused tls)"
+    ok "tls 1"
+else
+    skip_case "no psktool or nbdinfo: the TLS refusal is not tested"
+fi
+expect "$m" 'blockport_connections_refused_total{reason="max_connections"}' 1
+expect "$m" 'blockport_connections_refused_total{reason="handshake_timeout"}' 2
 
 stop_server
