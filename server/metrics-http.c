@@ -24,6 +24,7 @@
 #include "metrics.h"
 
 #define DRAIN_MS 1000 /* after the reply, for the client to close first */
+#define PAUSE_MS 100  /* no accept after running out of descriptors */
 
 enum client_state {
   READING,  /* the request head */
@@ -49,6 +50,7 @@ struct metrics_http {
   pthread_t thread;
   char *page; /* reused between scrapes */
   size_t pagecap;
+  int64_t paused_until; /* ms: accept nothing before */
   size_t nclients;
   struct client clients[METRICS_HTTP_CLIENTS];
   struct pollfd pfd[2 + METRICS_HTTP_CLIENTS];
@@ -254,8 +256,14 @@ static bool make_room(struct metrics_http *h) {
 static void accept_clients(struct metrics_http *h) {
   for (;;) {
     int fd = accept4(h->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0)
-      return; /* EAGAIN, or an error the next poll may clear */
+    if (fd < 0) {
+      /* Out of descriptors, the listener stays readable: poll would
+       * spin on it, so leave it alone for a moment. */
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM)
+        h->paused_until = now_ms() + PAUSE_MS;
+      return; /* or EAGAIN: all taken */
+    }
     if (!make_room(h)) {
       close(fd); /* every client is being answered: this one must wait */
       continue;
@@ -271,11 +279,13 @@ static void accept_clients(struct metrics_http *h) {
 }
 
 /* The pollfds of the listener and the clients; returns the poll timeout
- * (ms) until the nearest client deadline, -1 for none. */
+ * (ms) until the nearest client deadline or the end of a pause, -1 for
+ * none. */
 static int prepare_poll(struct metrics_http *h, int64_t now) {
   h->pfd[0] = (struct pollfd){.fd = h->stopfd, .events = POLLIN};
-  h->pfd[1] = (struct pollfd){.fd = h->lfd, .events = POLLIN};
-  int64_t next = -1;
+  bool paused = now < h->paused_until;
+  h->pfd[1] = (struct pollfd){.fd = paused ? -1 : h->lfd, .events = POLLIN};
+  int64_t next = paused ? h->paused_until : -1;
   for (size_t i = 0; i < h->nclients; i++) {
     struct client *c = &h->clients[i];
     h->pfd[2 + i] = (struct pollfd){

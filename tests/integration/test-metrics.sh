@@ -160,7 +160,7 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$MURL")
 [[ $code == 405 ]] || fail "POST answered $code"
 ok "404 and 405"
 
-check "malformed, oversized and stalled requests"
+check "malformed, oversized and stalled requests; 70 idle clients; a slow reader"
 "$PY" - "$MPORT" <<'EOF' || fail "bad HTTP clients"
 import socket, sys, time
 port = int(sys.argv[1])
@@ -193,6 +193,29 @@ r = ask(b"GET /metrics HTTP/1.0\r\n\r\n")
 assert r.startswith(b"HTTP/1.0 200"), r
 assert time.time() - t < 5, "a stalled client blocked the listener"
 idle.close()
+# 70 idle clients, past the bound of 64: the oldest are closed to make
+# room, and a scrape still gets through.
+idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(70)]
+r = ask(b"GET /metrics HTTP/1.0\r\n\r\n")
+assert r.startswith(b"HTTP/1.0 200"), r
+idle[0].settimeout(10)
+assert idle[0].recv(1) == b"", "the oldest idle client was not closed"
+for s in idle:
+    s.close()
+# A reader slower than the page: the reply comes whole, in many sends.
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.settimeout(10)
+s.connect(("127.0.0.1", port))
+s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+time.sleep(0.5)  # let the server meet a full socket
+out = b""
+while chunk := s.recv(1000):
+    out += chunk
+head, body = out.split(b"\r\n\r\n", 1)
+length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+assert len(body) == length > 50000, (len(body), length)
+assert body.endswith(b"\n")
 EOF
 m=$(scrape) || fail "no scrape after bad clients"
 expect "$m" "$(cmd_sample requests_total read)" 2048
