@@ -6,7 +6,9 @@
 # leave the server serving; a bad --metrics address is a usage error.  A
 # second server, of one unnamed qcow2 image, labels it export="(default)",
 # counts the qcow2 L2 cache, and counts connections refused for each
-# reason (max connections, handshake timeout, allow list, TLS).
+# reason (max connections, handshake timeout, allow list, TLS).  A reload
+# that removes an export drops its blockport_export_info series and keeps
+# its counters.
 # test-metrics-load.sh scrapes under load with 50 idle HTTP clients.
 source "$(dirname "$0")/lib.sh"
 require fio curl
@@ -325,5 +327,42 @@ else
 fi
 expect "$m" 'blockport_connections_refused_total{reason="max_connections"}' 1
 expect "$m" 'blockport_connections_refused_total{reason="handshake_timeout"}' 2
+
+stop_server
+
+# ---- a reload removes an export ----
+check "a reload drops a removed export's info series, keeps its counters"
+printf '[export keep]\npath = memory:1M\n[export gone]\npath = memory:1M\n' >"$T/exports.conf"
+for attempt in 1 2 3 4 5; do
+    MPORT=$(_free_port)
+    _launch --unix "$T/sock" -- --metrics "127.0.0.1:$MPORT" --config "$T/exports.conf"
+    if _wait_started; then
+        break
+    fi
+    ((attempt < 5)) || fail "could not start the server with --config"
+done
+MURL="http://127.0.0.1:$MPORT/metrics"
+"$PY" - "$SOCK" <<'EOF' || fail "reading export 'gone'"
+import nbd, sys
+h = nbd.NBD(); h.set_export_name("gone"); h.connect_unix(sys.argv[1])
+h.pread(4096, 0)
+h.shutdown()
+EOF
+gone_read() {
+    m=$(scrape) &&
+        [[ $(value "$m" 'blockport_requests_total{export="gone",cmd="read"}') == 1 ]]
+}
+wait_until 5 gone_read || fail "the read of 'gone' not counted"
+expect "$m" 'blockport_export_info{export="gone"}' 1
+printf '[export keep]\npath = memory:1M\n' >"$T/exports.conf"
+kill -HUP "$SERVER_PID"
+reloaded() { m=$(scrape) && [[ $(value "$m" blockport_exports) == 1 ]]; }
+wait_until 10 reloaded || fail "the reload did not take"
+expect "$m" 'blockport_export_info{export="keep"}' 1
+expect "$m" 'blockport_export_info{export="gone"}' missing
+expect "$m" 'blockport_export_size_bytes{export="gone"}' missing
+expect "$m" 'blockport_requests_total{export="gone",cmd="read"}' 1
+expect "$m" 'blockport_read_bytes_total{export="gone"}' 4096
+ok "export_info and size of 'gone' dropped; its counters kept"
 
 stop_server
