@@ -225,8 +225,10 @@ static bool step_read(struct metrics_http *h, struct client *c) {
   ssize_t n = recv(c->fd, to, room, MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
     return true;
+  /* The client's end (before its whole head: no reply), an error, or
+   * input after the reply, dropped. */
   if (n <= 0 || draining)
-    return n > 0; /* an end before the whole head: no reply */
+    return n > 0;
   c->rlen += (size_t)n;
   enum metrics_http_verdict v = metrics_http_parse(c->req, c->rlen);
   if (v == METRICS_HTTP_MORE)
