@@ -52,7 +52,8 @@ static const char convert_usage[] =
     "  -o OPTIONS    options of the new DST, as create's -o (cluster_size,\n"
     "                compat, extended_l2, compression_type, refcount_bits,\n"
     "                lazy_refcounts, preallocation, backing_file,\n"
-    "                backing_fmt); -o help lists them\n"
+    "                backing_fmt, data_file, data_file_raw); -o help\n"
+    "                lists them\n"
     "  -n            DST exists: write into it, do not create it (it must\n"
     "                be as large as SRC); zeroes are written too\n"
     "  --target-is-zero  with -n: DST reads as zeroes, skip writing them\n"
@@ -422,6 +423,10 @@ static int create_dst(const char *path, const struct dst_opts *d,
       r = qcow2_create_write(fd, &o, &l);
     if (r < 0)
       snprintf(err, sizeof err, "%s", bd_errmsg());
+    if (r == 0 && image_opts_data_file("convert", path, &d->o, size) < 0) {
+      close(fd);
+      return -1;
+    }
   }
   close(fd);
   if (r < 0)

@@ -58,6 +58,9 @@ static const char create_usage[] =
     "  lazy_refcounts=on|off\n"
     "  refcount_bits=N           1, 2, 4, 8, 16 (default), 32 or 64\n"
     "  preallocation=off|metadata|falloc|full\n"
+    "  data_file=FILE            guest data in FILE (relative to the\n"
+    "                            image's directory), created too\n"
+    "  data_file_raw=on|off      keep FILE a raw image of the disk\n"
     "raw options:\n"
     "  preallocation=off|falloc|full\n"
     "RBD options:\n"
@@ -283,6 +286,9 @@ static int create(const struct create_args *ap) {
       printf(" backing_file=%s", a.o.backing);
     if (a.o.backing && a.o.backing_fmt)
       printf(" backing_fmt=%s", a.o.backing_fmt);
+    if (a.o.q.data_file)
+      printf(" data_file=%s%s", a.o.q.data_file,
+             a.o.q.data_file_raw ? " data_file_raw=on" : "");
     printf(" preallocation=%s size=%llu\n", prealloc_name(a.o.q.prealloc),
            (unsigned long long)a.o.size);
     fflush(stdout);
@@ -310,6 +316,10 @@ static int create(const struct create_args *ap) {
     r = qcow2_create_write(fd, &a.o.q, &l);
     if (r < 0)
       snprintf(err, sizeof err, "%s", bd_errmsg());
+    if (r == 0 && image_opts_data_file("create", a.file, &a.o, a.o.size) < 0) {
+      close(fd);
+      return 1;
+    }
   } else {
     r = create_raw(&a, fd);
     if (r < 0)

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "core/blockdev.h"
+#include "core/filelock.h"
 #include "core/io.h"
 
 void image_opts_init(struct image_opts *o) {
@@ -17,9 +19,10 @@ void image_opts_init(struct image_opts *o) {
 }
 
 void image_opts_free(struct image_opts *o) {
-  free(o->owned[0]);
-  free(o->owned[1]);
-  o->owned[0] = o->owned[1] = NULL;
+  for (size_t i = 0; i < sizeof o->owned / sizeof *o->owned; i++) {
+    free(o->owned[i]);
+    o->owned[i] = NULL;
+  }
 }
 
 int image_opts_log2(uint64_t v) {
@@ -94,6 +97,12 @@ static int set_qcow2(const char *cmd, struct image_opts *o, const char *k,
     o->backing = keep(o, 0, v);
   } else if (!strcmp(k, "backing_fmt")) {
     o->backing_fmt = keep(o, 1, v);
+  } else if (!strcmp(k, "data_file")) {
+    q->data_file = keep(o, 2, v);
+  } else if (!strcmp(k, "data_file_raw")) {
+    if (parse_bool(v, &b) < 0)
+      return bad(cmd, "data_file_raw", v, "on or off");
+    q->data_file_raw = b;
   } else if (!strcmp(k, "extended_l2")) {
     if (parse_bool(v, &b) < 0)
       return bad(cmd, "extended_l2", v, "on or off");
@@ -200,6 +209,42 @@ int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc) {
   return r < 0 ? r : io_fdatasync(fd);
 }
 
+/* The data file's path: its name taken relative to IMAGE's directory. */
+static char *data_file_path(const char *image, const char *name) {
+  const char *slash = strrchr(image, '/');
+  int dir = name[0] == '/' || !slash ? 0 : (int)(slash - image + 1);
+  char *p = NULL;
+  return asprintf(&p, "%.*s%s", dir, image, name) < 0 ? NULL : p;
+}
+
+int image_opts_data_file(const char *cmd, const char *image,
+                         const struct image_opts *o, uint64_t size) {
+  if (!o->q.data_file)
+    return 0;
+  char *path = data_file_path(image, o->q.data_file);
+  int fd = path ? open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+  const char *why = NULL;
+  if (fd < 0)
+    why = strerror(path ? errno : ENOMEM);
+  else if (filelock_take(fd, path, FILELOCK_USE_WRITE, true) < 0)
+    why = bd_errmsg();
+  int r = why ? -1 : ftruncate(fd, 0) < 0 ? -errno : 0;
+  /* Metadata preallocation maps the clusters; the file reads as zeroes. */
+  if (r == 0)
+    r = image_opts_raw_file(fd, size,
+                            o->q.prealloc == QCOW2_PREALLOC_METADATA
+                                ? QCOW2_PREALLOC_OFF
+                                : o->q.prealloc);
+  if (r < -1)
+    why = strerror(-r);
+  if (why)
+    cli_error(cmd, path ? path : o->q.data_file, "%s", why);
+  if (fd >= 0)
+    close(fd);
+  free(path);
+  return why ? -1 : 0;
+}
+
 void image_opts_help(const char *fmt) {
   if (fmt && !strcmp(fmt, "qcow2"))
     fputs("Supported qcow2 options:\n"
@@ -210,6 +255,9 @@ void image_opts_help(const char *fmt) {
           "[1.1])\n"
           "  compression_type=<str> - Compression method used for image "
           "cluster compression (zlib, zstd)\n"
+          "  data_file=<str>        - File name of an external data file\n"
+          "  data_file_raw=<bool (on/off)> - The external data file must "
+          "stay valid as a raw data file\n"
           "  extended_l2=<bool (on/off)> - Extended L2 tables\n"
           "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
           "  preallocation=<str>    - Preallocation mode (allowed values: "

@@ -18,7 +18,7 @@ struct image_opts {
   bool qcow2_only;  /* an option only qcow2 (or RBD's cluster_size) takes */
   char bad_opt[64]; /* the first of them, for the message */
   bool help;        /* -o help or -o ? */
-  char *owned[2];   /* the copies backing and backing_fmt point to */
+  char *owned[3];   /* the copies backing, backing_fmt, q.data_file point to */
 };
 
 /* Defaults: qcow2 v3, 64k clusters, 16-bit refcounts, no preallocation. */
@@ -34,6 +34,11 @@ void image_opts_help(const char *fmt);
 /* A raw image file of SIZE bytes on FD (empty), preallocated as PREALLOC
  * says (off, falloc, full), made durable.  0 or -errno. */
 int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc);
+/* With -o data_file: the data file of the qcow2 image IMAGE (just made),
+ * created (or emptied) with SIZE bytes, as its preallocation says.  0, or
+ * -1 when CMD has said why. */
+int image_opts_data_file(const char *cmd, const char *image,
+                         const struct image_opts *o, uint64_t size);
 /* log2 of V when V is a power of two, else -1. */
 int image_opts_log2(uint64_t v);
 

@@ -39,6 +39,13 @@ static const struct {
 #define NFEATURES (sizeof features / sizeof features[0])
 #define FEATURE_TABLE_BYTES (8 + NFEATURES * 48)
 
+/* A raw data file is mapped whole from the start. */
+static enum qcow2_prealloc prealloc_of(const struct qcow2_create_opts *o) {
+  if (o->data_file_raw && o->prealloc == QCOW2_PREALLOC_OFF)
+    return QCOW2_PREALLOC_METADATA;
+  return o->prealloc;
+}
+
 static int check_opts(const struct qcow2_create_opts *o) {
   if (o->version != 2 && o->version != 3)
     return qcow2_err(-EINVAL, "unsupported qcow2 version %u", o->version);
@@ -80,9 +87,18 @@ static int check_opts(const struct qcow2_create_opts *o) {
     return qcow2_err(-EINVAL, o->backing_file
                                   ? "invalid backing format name"
                                   : "a backing format needs a backing file");
+  if (o->data_file && o->version < 3)
+    return qcow2_err(-EINVAL, "an external data file needs compat=1.1");
+  if (o->data_file &&
+      (!o->data_file[0] || strlen(o->data_file) > QCOW2_MAX_BACKING_NAME))
+    return qcow2_err(-EINVAL, "data file name must be 1 to %d bytes long",
+                     QCOW2_MAX_BACKING_NAME);
+  if (o->data_file_raw && !o->data_file)
+    return qcow2_err(-EINVAL, "data_file_raw needs data_file");
   /* Preallocated clusters of a standard L2 entry would hide the backing
    * file; extended L2 entries keep them with no subcluster allocated. */
-  if (o->backing_file && o->prealloc != QCOW2_PREALLOC_OFF && !o->extended_l2)
+  if (o->backing_file && prealloc_of(o) != QCOW2_PREALLOC_OFF &&
+      !o->extended_l2)
     return qcow2_err(-EINVAL, "backing file and preallocation can only be "
                               "used at the same time if extended_l2 is on");
   return 0;
@@ -95,6 +111,8 @@ static int layout_header(const struct qcow2_create_opts *o,
   uint64_t off = l->header_length;
   if (o->backing_fmt)
     off += 8 + align8(strlen(o->backing_fmt));
+  if (o->data_file)
+    off += 8 + align8(strlen(o->data_file));
   uint64_t bslen = o->backing_file ? strlen(o->backing_file) : 0;
   uint64_t need = off + 8 + bslen; /* + end of extensions */
   if (need > l->csize)
@@ -139,7 +157,9 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
    * a cluster for it would be one that nothing references. */
   l->l1_clusters = div_up(l1_size * 8, l->csize);
 
-  if (o->prealloc != QCOW2_PREALLOC_OFF) {
+  l->prealloc = prealloc_of(o);
+  l->data_external = o->data_file != NULL;
+  if (l->prealloc != QCOW2_PREALLOC_OFF) {
     l->data_clusters = div_up(o->size, l->csize);
     l->l2_tables = div_up(l->data_clusters, 1ull << l->l2_bits);
     if (l->l2_tables > QCOW2_CREATE_MAX_METADATA >> cb)
@@ -156,7 +176,8 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   uint64_t rb_entries = (l->csize * 8) >> o->refcount_order;
   uint64_t rb = 1, rt = 1, total;
   for (;;) {
-    total = 1 + rt + rb + l->l1_clusters + l->l2_tables + l->data_clusters;
+    total = 1 + rt + rb + l->l1_clusters + l->l2_tables +
+            (l->data_external ? 0 : l->data_clusters);
     uint64_t nrb = div_up(total, rb_entries);
     uint64_t nrt = div_up(nrb * 8, l->csize);
     if (nrb <= rb && nrt <= rt)
@@ -176,7 +197,8 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   uint64_t after_refblocks = l->refblock_offset + rb * l->csize;
   l->l1_offset = l->l1_size ? after_refblocks : 0;
   l->l2_offset = after_refblocks + l->l1_clusters * l->csize;
-  l->data_offset = l->l2_offset + l->l2_tables * l->csize;
+  l->data_offset =
+      l->data_external ? 0 : l->l2_offset + l->l2_tables * l->csize;
   l->clusters = total;
   if (total > (QCOW2_OFFSET_MASK >> cb))
     return qcow2_err(-EFBIG, "image file would be too large");
@@ -207,8 +229,11 @@ void qcow2_create_header(const struct qcow2_create_opts *o,
   put_be32(buf + 56, l->reftable_clusters);
   if (o->version == 3) {
     uint64_t incompat = (o->extended_l2 ? QCOW2_INCOMPAT_EXTL2 : 0) |
-                        (o->compression_type ? QCOW2_INCOMPAT_COMPRESSION : 0);
+                        (o->compression_type ? QCOW2_INCOMPAT_COMPRESSION : 0) |
+                        (o->data_file ? QCOW2_INCOMPAT_DATA_FILE : 0);
     put_be64(buf + 72, incompat);
+    if (o->data_file_raw)
+      put_be64(buf + 88, QCOW2_AUTOCLEAR_DATA_FILE_RAW);
     put_be64(buf + 80, o->lazy_refcounts ? QCOW2_COMPAT_LAZY_REFCOUNTS : 0);
     put_be32(buf + 96, o->refcount_order);
     put_be32(buf + 100, l->header_length);
@@ -218,6 +243,9 @@ void qcow2_create_header(const struct qcow2_create_opts *o,
   if (o->backing_fmt)
     put_ext(buf, &off, QCOW2_EXT_BACKING_FORMAT, o->backing_fmt,
             (uint32_t)strlen(o->backing_fmt));
+  if (o->data_file)
+    put_ext(buf, &off, QCOW2_EXT_DATA_FILE, o->data_file,
+            (uint32_t)strlen(o->data_file));
   if (l->feature_table) {
     uint8_t t[NFEATURES * 48] = {0};
     for (size_t i = 0; i < NFEATURES; i++) {
@@ -298,13 +326,13 @@ static int write_tables(int fd, const struct qcow2_create_opts *o,
   return r;
 }
 
-static int fill_data(int fd, const struct qcow2_create_opts *o,
-                     const struct qcow2_layout *l) {
-  if (o->prealloc != QCOW2_PREALLOC_FALLOC &&
-      o->prealloc != QCOW2_PREALLOC_FULL)
+static int fill_data(int fd, const struct qcow2_layout *l) {
+  if ((l->prealloc != QCOW2_PREALLOC_FALLOC &&
+       l->prealloc != QCOW2_PREALLOC_FULL) ||
+      l->data_external)
     return 0;
   return io_preallocate(fd, l->data_offset, l->data_clusters * l->csize,
-                        o->prealloc == QCOW2_PREALLOC_FULL);
+                        l->prealloc == QCOW2_PREALLOC_FULL);
 }
 
 int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
@@ -321,7 +349,7 @@ int qcow2_create_write(int fd, const struct qcow2_create_opts *o,
     r = write_tables(fd, o, l, c);
   free(c);
   if (r == 0)
-    r = fill_data(fd, o, l);
+    r = fill_data(fd, l);
   if (r == 0 && fdatasync(fd) < 0)
     r = -errno;
   if (r < 0)

@@ -26,6 +26,13 @@ struct qcow2_create_opts {
   const char *backing_file;  /* NULL: none */
   const char *backing_fmt;   /* NULL: no backing format extension */
   enum qcow2_prealloc prealloc;
+  /* An external data file (its name as the header records it, relative to
+   * the image's directory), made by the caller: guest cluster i lives at
+   * offset i * cluster size there.  RAW: it is kept a raw image of the
+   * disk (data_file_raw=on; the mapping preallocated, as qemu-img makes
+   * it). */
+  const char *data_file;
+  bool data_file_raw;
 };
 
 /* Where everything goes.  All offsets are cluster aligned; the regions
@@ -47,6 +54,8 @@ struct qcow2_layout {
   uint64_t l2_offset; /* preallocation: L2 table i at l2_offset + i*csize */
   uint64_t l2_tables;
   uint64_t data_offset; /* preallocation: guest cluster i at + i*csize */
+  bool data_external;   /* ... in the data file, at 0 + i*csize */
+  enum qcow2_prealloc prealloc; /* in effect (data_file_raw: metadata) */
   uint64_t data_clusters;
   uint64_t clusters;  /* in use, all with refcount 1: [0, clusters) */
   uint64_t file_size; /* clusters * csize */

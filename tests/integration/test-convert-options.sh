@@ -6,7 +6,8 @@
 # skipped with --target-is-zero), -n into a smaller image refused; -S 0
 # allocating everything and -S SIZE leaving zero runs of SIZE sparse;
 # -m and -W; a 1000-byte raw file becoming a 1024-byte qcow2 as qemu-img
-# makes it.  Every copy is checked with qemu-img compare (and check).
+# makes it; an external data file (-o data_file, data_file_raw).  Every
+# copy is checked with qemu-img compare (and check).
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io
 cd "$T"
@@ -66,6 +67,20 @@ rc=0
     2>err || rc=$?
 ((rc == 1)) && grep -q disagree err || fail "-B and -o backing_file that differ: $rc"
 ok "-o backing_file,backing_fmt as -B and -F"
+
+check "-o data_file, data_file_raw: the data in an external file, as qemu-img makes it"
+run "$BLOCKPORT" convert -O qcow2 -o data_file=od.data data.raw od.qcow2
+same data.raw od.qcow2 qcow2
+[[ -s od.data ]] || fail "no data file beside the image"
+[[ $(info od.qcow2 'j["format-specific"]["data"]["data-file"]') == od.data ]] ||
+    fail "data-file: $(info od.qcow2 'j["format-specific"]["data"]')"
+(($(stat -c %s od.qcow2) < 1 << 20)) || fail "the data went into the image"
+run "$BLOCKPORT" convert -O qcow2 -o data_file=or.data,data_file_raw=on data.raw or.qcow2
+same data.raw or.qcow2 qcow2
+cmp data.raw or.data || fail "the raw data file is not the disk"
+[[ $(info or.qcow2 'j["format-specific"]["data"]["data-file-raw"]') == True ]] ||
+    fail "data-file-raw not set"
+ok "data_file, data_file_raw"
 
 "$BLOCKPORT" convert -O qcow2 -o help >help.txt || fail "-o help: exit $?"
 grep -q "^  cluster_size=" help.txt && grep -q "^  preallocation=" help.txt ||

@@ -134,6 +134,35 @@ done
 grep -q "only be used at the same time if extended_l2 is on" "$T/err" || fail_soft "message: $(cat "$T/err")"
 ok "as qemu-img makes them"
 
+check "data_file, data_file_raw: made as qemu-img makes them, written through blockport serve"
+# In the images' directory: qemu-img 7.2 opens a data file relative to the
+# working directory, blockport (like a backing file) relative to the image.
+cd "$T"
+for o in data_file=db.data data_file=db.data,data_file_raw=on \
+    data_file=db.data,preallocation=full data_file=db.data,data_file_raw=on,extended_l2=on; do
+    rm -f db.* dq.*
+    run "$BLOCKPORT" create -q -f qcow2 -o "$o" db.qcow2 4M
+    run qemu-img create -q -f qcow2 -o "${o//db/dq}" dq.qcow2 4M
+    diff <(qemu-img map --output=json db.qcow2) <(qemu-img map --output=json dq.qcow2) ||
+        fail_soft "$o: map differs from qemu-img's"
+    diff <(qemu-img info db.qcow2 | grep -E "data file raw|extended l2|^virtual size") \
+        <(qemu-img info dq.qcow2 | grep -E "data file raw|extended l2|^virtual size") ||
+        fail_soft "$o: info differs from qemu-img's"
+    [[ $(stat -c %s db.data) == $((4 << 20)) ]] || fail_soft "$o: data file size"
+    start_server --format qcow2 "$T/db.qcow2"
+    run qemu-io -f raw -c "write -P 3 100k 300k" "$(export_uri "")" >/dev/null
+    stop_server
+    run qemu-io -c "write -P 3 100k 300k" dq.qcow2 >/dev/null
+    run qemu-img check -q db.qcow2 || fail_soft "$o: check"
+    run qemu-img compare -q db.qcow2 dq.qcow2 || fail_soft "$o: compare"
+done
+"$BLOCKPORT" create -q -f qcow2 -o data_file_raw=on dx.qcow2 1M 2>"$T/err" &&
+    fail_soft "data_file_raw without data_file accepted"
+"$BLOCKPORT" create -q -f qcow2 -o data_file=x.data,compat=0.10 dx.qcow2 1M 2>"$T/err" &&
+    fail_soft "data_file with compat=0.10 accepted"
+cd - >/dev/null
+ok "data files"
+
 check "backing files: -b/-F and -o, size from the backing file, compare"
 random_file "$T/base.raw" 4
 run "$BLOCKPORT" create -q -f qcow2 -b base.raw -F raw "$T/ov1.qcow2"
