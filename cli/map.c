@@ -30,7 +30,13 @@ static bool mergeable(const struct map_entry *a, const struct map_entry *b) {
          (!a->has_offset || a->offset + a->length == b->offset);
 }
 
-static void print_entry(const struct map_entry *e, bool json, bool first) {
+/* 0, or -1 when the human form cannot show E (said). */
+static int print_entry(const struct map_entry *e, bool json, bool first) {
+  if (!json && e->data && !e->has_offset) {
+    cli_error("map", NULL,
+              "File contains external, encrypted or compressed clusters.");
+    return -1;
+  }
   if (json) {
     printf("%s{ \"start\": %llu, \"length\": %llu, \"depth\": %u, "
            "\"present\": %s, \"zero\": %s, \"data\": %s",
@@ -41,11 +47,12 @@ static void print_entry(const struct map_entry *e, bool json, bool first) {
     if (e->has_offset)
       printf(", \"offset\": %llu", (unsigned long long)e->offset);
     printf("}");
-  } else if (e->data && e->has_offset) {
+  } else if (e->data && !e->zero) { /* qemu-img leaves zeroes out */
     printf("%-#15llx %-#15llx %-#15llx %s\n", (unsigned long long)e->start,
            (unsigned long long)e->length, (unsigned long long)e->offset,
            e->file);
   }
+  return 0;
 }
 
 static int walk(struct bd *bd, bool json) {
@@ -63,13 +70,14 @@ static int walk(struct bd *bd, bool json) {
       cur.length += next.length;
       continue;
     }
-    if (have)
-      print_entry(&cur, json, first), first = false;
+    if (have && print_entry(&cur, json, first) < 0)
+      return 1;
+    first = !have && first;
     cur = next;
     have = true;
   }
-  if (have)
-    print_entry(&cur, json, first);
+  if (have && print_entry(&cur, json, first) < 0)
+    return 1;
   if (json)
     printf(have ? "]\n" : "[]\n");
   return 0;

@@ -35,7 +35,8 @@ struct qcow2dev {
   struct l2cache *cache;
   struct bd *backing; /* NULL without a backing file */
   char *path;
-  bool share; /* -U: lock nothing out, backing and data file included */
+  char *data_path; /* the external data file's, or NULL */
+  bool share;      /* -U: lock nothing out, backing and data file included */
 
   /* Writing (refcount.c, write.c).  The metadata lock serialises
    * allocation decisions and metadata updates; data I/O runs outside it. */

@@ -250,8 +250,11 @@ static int backing_extents(struct qcow2dev *q, uint64_t n, uint64_t off,
     if (r != 0 || got < have)
       return r < 0 ? r : 1; /* full, or the backing answered less */
   }
+  /* Past the end of a shorter backing file the backing layer answers
+   * (zeroes), as QEMU's qemu:allocation-depth says: depth 2, not absent. */
   if (have < n)
-    return bd_extents_add(ext, n - have, BD_EXT_HOLE | BD_EXT_ZERO, 0);
+    return bd_extents_add(ext, n - have, BD_EXT_HOLE | BD_EXT_ZERO,
+                          q->backing ? 2 : 0);
   return 0;
 }
 
@@ -295,14 +298,19 @@ int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
   case QCOW2_DATA: {
     struct bd_extents ext;
     bd_extents_init(&ext, off, 1);
-    r = host_extents(q, run.host, run.length, &ext);
-    if (r == 0 && ext.n > 0) {
+    /* qemu-img looks into the host file for holes, not into a data file. */
+    if (!q->g.data_file)
+      r = host_extents(q, run.host, run.length, &ext);
+    /* 1: the list (of one) is full, the first extent is what counts. */
+    if (r >= 0 && ext.n > 0) {
       e->length = ext.v[0].length;
       e->zero = ext.v[0].flags & BD_EXT_ZERO;
     }
     bd_extents_free(&ext);
     e->present = e->data = e->has_offset = true;
     e->offset = run.host;
+    if (q->data_path) /* the offset is the data file's, as qemu-img says */
+      e->file = q->data_path;
     return r < 0 ? r : 0;
   }
   case QCOW2_COMPRESSED: e->present = e->data = true; return 0;
@@ -320,6 +328,8 @@ int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
       (entry & QCOW2_OFFSET_MASK) && !(entry & QCOW2_L2_COMPRESSED)) {
     e->has_offset = true;
     e->offset = (entry & QCOW2_OFFSET_MASK) + (off & (q->csize - 1));
+    if (q->data_path)
+      e->file = q->data_path;
   }
   return 0;
 }
@@ -529,6 +539,7 @@ static void q_close(struct bd *bd) {
     close(q->dio_fd);
   close(q->fd);
   free(q->path);
+  free(q->data_path);
   free(q);
 }
 
@@ -687,7 +698,7 @@ static int open_data_file(struct qcow2dev *q) {
     free(dpath);
     return r;
   }
-  free(dpath);
+  q->data_path = dpath;
   off_t sz = lseek(q->data_fd, 0, SEEK_END);
   q->data_size = sz < 0 ? 0 : (uint64_t)sz;
   return 0;
@@ -851,6 +862,7 @@ static struct bd *qcow2_open_chain(const char *path,
     else
       close(q->fd);
     free(q->path);
+    free(q->data_path);
     free(q);
     return NULL;
   }

@@ -20,9 +20,19 @@ head -c 4M /dev/urandom >data.raw; truncate -s 8M data.raw
 qemu-img convert -c -O qcow2 data.raw comp.qcow2
 qemu-img create -f qcow2 -o extended_l2=on ext.qcow2 8M >/dev/null
 qemu-io -f qcow2 -c 'write -P 7 4k 4k' -c 'write -z 64k 2k' ext.qcow2 >/dev/null
+# A preallocated cluster written in its middle: data between two holes of
+# the host file, split as qemu-img splits it.
+qemu-img create -f qcow2 -o preallocation=metadata hole.qcow2 1M >/dev/null
+qemu-io -f qcow2 -c 'write -P 8 8k 4k' hole.qcow2 >/dev/null
+# An external data file: the file column names it.
+qemu-img create -f qcow2 -o data_file=ext.data df.qcow2 4M >/dev/null
+qemu-io -f qcow2 -c 'write -P 9 64k 128k' -c 'write -P 9 1M 4k' df.qcow2 >/dev/null
+head -c 1M <(yes blockport) >text.raw
+qemu-img convert -c -O qcow2 text.raw ctext.qcow2
 
 check "blockport map --json equals qemu-img map --output=json"
-for img in sub/base.raw sub/mid.qcow2 top.qcow2 pre.qcow2 data.raw comp.qcow2 ext.qcow2; do
+for img in sub/base.raw sub/mid.qcow2 top.qcow2 pre.qcow2 data.raw comp.qcow2 ext.qcow2 \
+    hole.qcow2 df.qcow2 ctext.qcow2; do
   "$BLOCKPORT" map --json "$img" >bp.json || fail "blockport map $img failed"
   qemu-img map --output=json "$img" >q.json
   diff -u q.json bp.json || fail "$img: maps differ"
@@ -34,6 +44,16 @@ check "the human table names the same files and offsets"
 qemu-img map top.qcow2 >q.txt
 diff -u <(tr -s ' ' <q.txt) <(tr -s ' ' <bp.txt) || fail "tables differ"
 ok "table"
+
+check "the table: zeroes left out, the data file named, compressed clusters refused"
+for img in hole.qcow2 df.qcow2 pre.qcow2; do
+  "$BLOCKPORT" map "$img" >bp.txt || fail "map $img"
+  qemu-img map "$img" >q.txt
+  diff -u <(tr -s ' ' <q.txt) <(tr -s ' ' <bp.txt) || fail "$img: tables differ"
+done
+rc=0; "$BLOCKPORT" map ctext.qcow2 >bp.txt 2>err.txt || rc=$?
+[ $rc -eq 1 ] && grep -q "compressed clusters" err.txt || fail "compressed clusters in a table: exit $rc"
+ok "as qemu-img's"
 
 check "a missing image: exit 1"
 rc=0; "$BLOCKPORT" map nonexistent.qcow2 2>err.txt || rc=$?

@@ -189,4 +189,33 @@ EOF
 ok "memory export map"
 
 stop_server
+
+check "qemu:allocation-depth of backing chains with shorter backing files, as qemu-nbd says"
+require qemu-nbd
+# base (1M) <- mid (2M) <- top (4M), and top2 (2M) over base alone.
+run qemu-img create -q -f qcow2 "$T/base.qcow2" 1M
+run qemu-io -c "write -P 1 0 64k" "$T/base.qcow2" >/dev/null
+run qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$T/mid.qcow2" 2M
+run qemu-io -c "write -P 2 1536k 64k" "$T/mid.qcow2" >/dev/null
+run qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$T/top.qcow2" 4M
+run qemu-io -c "write -P 3 3M 64k" "$T/top.qcow2" >/dev/null
+run qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$T/top2.qcow2" 2M
+for img in top top2 mid; do
+    qemu-nbd -r -t -k "$T/qn.sock" -f qcow2 -A "$T/$img.qcow2" &
+    qpid=$!
+    track_pid $qpid
+    wait_until 10 test -S "$T/qn.sock" || fail "qemu-nbd did not start"
+    want=$(nbdinfo --map=qemu:allocation-depth "nbd+unix:///?socket=$T/qn.sock")
+    kill $qpid
+    wait $qpid 2>/dev/null || true
+    rm -f "$T/qn.sock"
+    start_server -r --format qcow2 "$T/$img.qcow2"
+    got=$(nbdinfo --map=qemu:allocation-depth "$(export_uri "")")
+    stop_server
+    [[ $got == "$want" ]] || fail "$img: allocation-depth differs from qemu-nbd's:
+$got
+-- qemu-nbd:
+$want"
+done
+ok "the same as qemu-nbd"
 echo "PASS"

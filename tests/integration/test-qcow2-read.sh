@@ -40,9 +40,9 @@
 #   * qemu-img map reports present:false (depth 0) beyond the end of a
 #     backing file that is shorter than its overlay, while qemu-nbd's
 #     qemu:allocation-depth reports that backing layer's depth there (QEMU
-#     treats "past EOF" of a backing file as allocated zeroes).  Both are
-#     accepted for such ranges; elsewhere depth must be qemu-img map's
-#     depth + 1 where present:true, and 0 where present:false.
+#     treats "past EOF" of a backing file as allocated zeroes): we answer
+#     as qemu-nbd there; elsewhere depth must be qemu-img map's depth + 1
+#     where present:true, and 0 where present:false.
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io nbdinfo nbdcopy cmp timeout
 require_py_nbd
@@ -553,10 +553,11 @@ for s, e in zip(bounds, bounds[1:]):
         else:
             want = {0}
             # Past the end of a (shorter) backing layer: qemu-nbd reports
-            # that layer's depth, qemu-img map reports absent.
+            # that layer's depth, qemu-img map reports absent; NBD clients
+            # get qemu-nbd's answer.
             for i in range(1, len(layer_sizes)):
                 if layer_sizes[i] <= s:
-                    want.add(i + 1)
+                    want = {i + 1}
                     break
         if depth not in want:
             err("%s: qemu:allocation-depth %d, expected %s"
