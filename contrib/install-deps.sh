@@ -17,7 +17,6 @@ PACKAGES=(
   qemu-system-common                      # qemu-storage-daemon: FUSE export, for contrib/bench/mount-bench.sh
   e2fsprogs                               # mkfs.ext4 on mounted partition files
   qemu-system-x86 busybox-static cpio     # the test guest (contrib/guest/) for vhost
-  help2man                                # man pages from each command's --help
   gnutls-bin                              # psktool, certtool: keys for the TLS tests
   systemd                                 # systemd-socket-activate: socket activation tests
   strace                                  # test-config.sh: --check-config opens images read-only

@@ -25,8 +25,13 @@ pid=$!
 for _ in $(seq 100); do [ -s "$w/pid" ] && break; sleep 0.05; done
 size=$(nbdinfo --size "nbd+unix:///?socket=$w/s.sock")
 [ "$size" = 67108864 ] || { cat "$w/log"; echo "package-check: size $size" >&2; exit 1; }
-man -w blockport-serve >/dev/null 2>&1 || [ -f /usr/share/man/man1/blockport-serve.1 ] ||
-  { echo "package-check: no man page installed" >&2; exit 1; }
+# The pages, compressed (docs/man/), and map's with its options.
+for p in blockport blockport-serve blockport-map; do
+  [ -f /usr/share/man/man1/$p.1.gz ] ||
+    { echo "package-check: no man page $p.1.gz installed" >&2; exit 1; }
+done
+zcat /usr/share/man/man1/blockport-map.1.gz | grep -q 'force\\-share' ||
+  { echo "package-check: blockport-map.1.gz lacks its options" >&2; exit 1; }
 getent passwd blockport >/dev/null ||
   { echo "package-check: the blockport system user was not created" >&2; exit 1; }
 grep -qx 'License: BSD-3-Clause' /usr/share/doc/blockport/copyright ||
