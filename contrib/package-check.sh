@@ -1,8 +1,10 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Build the Debian package from build/ (cpack -G DEB), install it with
-# apt-get (which pulls its dependencies), serve an image with the installed
-# /usr/bin/blockport, read it back with nbdinfo, and remove the package.
+# Build the Debian package from build/ (cpack -G DEB), check its
+# maintainer scripts and conffiles, install it with apt-get (which pulls
+# its dependencies), check what it installed (the user, /etc/blockport,
+# man pages, units), serve an image with the installed /usr/bin/blockport,
+# read it back with nbdinfo, and remove and purge the package.
 # CI runs this on its fresh machine; it needs root and changes the system.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,15 +12,28 @@ cd "$(dirname "$0")/.."
 rm -rf build/pkg
 (cd build && cpack -G DEB -B "$PWD/pkg" >/dev/null)
 deb=$(ls build/pkg/blockport_*.deb)
+w=$(mktemp -d)
+# The maintainer scripts: there, executable (0755), and sh can parse them;
+# the /etc/blockport examples are conffiles.
+dpkg-deb -e "$deb" "$w/control"
+for s in postinst prerm postrm; do
+  [ "$(stat -c %a "$w/control/$s" 2>/dev/null)" = 755 ] ||
+    { echo "package-check: $s missing from the package or not mode 0755" >&2; exit 1; }
+  sh -n "$w/control/$s" || { echo "package-check: $s: sh -n" >&2; exit 1; }
+done
+for f in blockport.conf exports.conf instance.conf.example; do
+  grep -qx "/etc/blockport/$f" "$w/control/conffiles" ||
+    { echo "package-check: /etc/blockport/$f is not a conffile" >&2; exit 1; }
+done
+user_before=$(getent passwd blockport || true)
 echo "== installing $deb"
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "./$deb" >/dev/null
 pid=
 cleanup() {
   [ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-  DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq blockport >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq blockport >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-w=$(mktemp -d)
 /usr/bin/blockport create -f qcow2 "$w/demo.qcow2" 64M >/dev/null
 /usr/bin/blockport serve --unix "$w/s.sock" --pid-file "$w/pid" --format qcow2 "$w/demo.qcow2" 2>"$w/log" &
 pid=$!
@@ -34,6 +49,27 @@ zcat /usr/share/man/man1/blockport-map.1.gz | grep -q 'force\\-share' ||
   { echo "package-check: blockport-map.1.gz lacks its options" >&2; exit 1; }
 getent passwd blockport >/dev/null ||
   { echo "package-check: the blockport system user was not created" >&2; exit 1; }
+[ -n "$user_before" ] || echo "== postinst created the user: $(getent passwd blockport)"
+getent group blockport >/dev/null ||
+  { echo "package-check: no blockport group" >&2; exit 1; }
+for f in blockport.conf exports.conf instance.conf.example; do
+  [ -f "/etc/blockport/$f" ] ||
+    { echo "package-check: /etc/blockport/$f not installed" >&2; exit 1; }
+done
+# The units: clean for systemd-analyze, and a missing configuration is an
+# error that says so (tests/integration/test-unit-config.sh runs the check).
+units=$(dpkg -L blockport | grep -E '/blockport(@?\.service|\.socket)$')
+mkdir "$w/units"
+cp $units "$w/units/"
+cp "$w/units/blockport@.service" "$w/units/blockport@demo.service"
+if command -v systemd-analyze >/dev/null 2>&1; then
+  out=$(cd "$w/units" && systemd-analyze verify ./blockport@demo.service ./blockport.service ./blockport.socket 2>&1) &&
+    [ -z "$out" ] || { echo "package-check: systemd-analyze verify: $out" >&2; exit 1; }
+fi
+for u in blockport@.service blockport.service; do
+  grep -q '^ExecStartPre=/bin/sh -c' "$w/units/$u" && grep -q 'is missing' "$w/units/$u" ||
+    { echo "package-check: $u does not check for its configuration" >&2; exit 1; }
+done
 grep -qx 'License: BSD-3-Clause' /usr/share/doc/blockport/copyright ||
   { echo "package-check: no copyright file installed" >&2; exit 1; }
 [ -f /usr/share/bash-completion/completions/blockport ] ||
@@ -64,5 +100,16 @@ size=$(nbdinfo --size "nbd+unix:///more?socket=$w/s.sock")
 [ "$size" = 1048576 ] || { cat "$w/log"; echo "package-check: --config reload" >&2; exit 1; }
 kill "$pid"; wait "$pid"
 pid=
+# Removal (prerm, postrm) keeps the edited configuration, purge removes it;
+# neither may fail.
+echo "# edited" >>/etc/blockport/exports.conf
+DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq blockport >/dev/null ||
+  { echo "package-check: apt-get remove failed" >&2; exit 1; }
+[ ! -e /usr/bin/blockport ] && [ -f /etc/blockport/exports.conf ] ||
+  { echo "package-check: remove: binary left or configuration lost" >&2; exit 1; }
+dpkg --purge blockport >/dev/null ||
+  { echo "package-check: dpkg --purge failed" >&2; exit 1; }
+[ ! -e /etc/blockport/exports.conf ] ||
+  { echo "package-check: purge left /etc/blockport/exports.conf" >&2; exit 1; }
 rm -rf "$w"
-echo "== package installed, served an image, removed: ok"
+echo "== package installed, served an image, removed and purged: ok"
