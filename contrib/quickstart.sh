@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
 # Quick start: install dependencies, build, create a demo image and serve it
-# on localhost (the message says how to open it up).
+# on 127.0.0.1 only (the message says how to open it up).
 # Usage: contrib/quickstart.sh [PORT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,18 +19,21 @@ if [ ! -f "$DEMO" ]; then
 fi
 cat <<MSG
 
-Serving $DEMO as NBD export "" on localhost port $PORT (and
-/tmp/blockport-demo.sock): this machine only.  To let other machines in,
-serve it on every address instead, with an allow list or TLS to taste:
+Serving $DEMO as NBD export "" on 127.0.0.1 port $PORT (and the Unix
+socket /tmp/blockport-demo.sock): this machine only.  To let other
+machines in, serve it on every address (no --bind; or --bind one of this
+machine's addresses), with an allow list, TLS or both, for example:
   build/blockport serve --port $PORT --allow 192.0.2.0/24 --format raw $DEMO
 Connect from another terminal:
-  nbdinfo nbd://localhost:$PORT
-  nbdinfo --map nbd://localhost:$PORT
-  qemu-img info nbd://localhost:$PORT
-  qemu-img convert -O qcow2 nbd://localhost:$PORT copy.qcow2
-  mkdir -p /tmp/mnt && build/blockport mount nbd://localhost:$PORT /tmp/mnt   # then: ls -l /tmp/mnt
+  nbdinfo nbd://127.0.0.1:$PORT
+  nbdinfo --map nbd://127.0.0.1:$PORT
+  qemu-img info nbd://127.0.0.1:$PORT
+  qemu-img convert -O qcow2 nbd://127.0.0.1:$PORT copy.qcow2
+  mkdir -p /tmp/mnt && build/blockport mount nbd://127.0.0.1:$PORT /tmp/mnt   # then: ls -l /tmp/mnt
 Stop with Ctrl-C.
 
 MSG
-exec build/blockport serve --port "$PORT" --bind localhost \
+# 127.0.0.1, not localhost: a name binds every address it resolves to,
+# which may include more than the loopback (tests/integration/test-docs.sh).
+exec build/blockport serve --port "$PORT" --bind 127.0.0.1 \
   --unix /tmp/blockport-demo.sock --format raw "$DEMO"

@@ -1,11 +1,67 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The bash completion agrees with the program: it offers the commands
-# and a command's options.  (The man pages: test-man.sh.)
+# The README's commands work with the peers Debian 12 ships: each nbdkit
+# plugin example of a ```sh block (`blockport serve --plugin ...`, and
+# `nbdkit blockport ...` with the plugin built here) serves an export
+# nbdinfo reads; contrib/quickstart.sh serves its demo on 127.0.0.1 only
+# and says how to open it up.  The bash completion offers the commands and
+# a command's options.  (The man pages: test-man.sh.)
 source "$(dirname "$0")/lib.sh"
-require bash
+require bash nbdinfo
 ROOT=$(readlink -f "$(dirname "$0")/../..")
 
+########################################################################
+check "the README's nbdkit plugin examples"
+# The lines of the README's sh blocks that serve a plugin.
+mapfile -t examples < <(awk '/^```sh$/ { on = 1; next } /^```/ { on = 0 } on' "$ROOT/README.md" |
+    grep -E '^(blockport serve --plugin|nbdkit blockport) ' | sort -u)
+((${#examples[@]} >= 5)) || fail "only ${#examples[@]} plugin examples found in README.md"
+plugindir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
+so=${BLOCKPORT_NBDKIT_PLUGIN:-$(dirname "$BLOCKPORT")/nbdkit-blockport-plugin.so}
+# The files they name, in the directory they run in.
+truncate -s 8M "$T/disk.img"
+"$BLOCKPORT" create -q -f qcow2 "$T/disk.qcow2" 64M || fail "create disk.qcow2"
+for ex in "${examples[@]}"; do
+    # nbdinfo through --run, in both programs (nbdkit's $uri, our $uri).
+    case $ex in
+    blockport\ *)
+        plugin=$(awk '{print $4}' <<<"$ex")
+        if [[ ! -e $plugindir/nbdkit-$plugin-plugin.so ]]; then
+            skip_case "$ex: nbdkit's $plugin plugin is not installed"
+            continue
+        fi
+        cmd="\"\$BLOCKPORT\" ${ex#blockport } --run 'nbdinfo --size \"\$uri\"'"
+        ;;
+    nbdkit\ blockport\ *)
+        require nbdkit
+        [[ -f $so ]] || { skip_case "$ex: no $so"; continue; }
+        cmd="nbdkit -U - \"\$so\" ${ex#nbdkit blockport } --run 'nbdinfo --size \"\$uri\"'"
+        ;;
+    esac
+    out=$(cd "$T" && eval "timeout 60 $cmd" 2>"$T/err") ||
+        fail_soft "README: '$ex' failed: $(cat "$T/err")"
+    [[ $out =~ ^[1-9][0-9]*$ ]] || fail_soft "README: '$ex': nbdinfo said '$out'"
+    ok "$ex: $out bytes"
+done
+
+########################################################################
+check "contrib/quickstart.sh serves on 127.0.0.1 only, and says how to open it up"
+qs=$ROOT/contrib/quickstart.sh
+# The command it execs, continuation lines joined.
+serve=$(sed -e ':a' -e '/\\$/{N;s/\\\n//;ba' -e '}' "$qs" | grep '^exec .*blockport serve')
+[[ -n $serve ]] || fail "quickstart.sh: no 'exec ... blockport serve' line"
+[[ $serve =~ --bind\ 127\.0\.0\.1( |$) ]] || fail_soft "quickstart.sh: not bound to 127.0.0.1: $serve"
+[[ $(grep -o -- '--bind' <<<"$serve" | wc -l) -eq 1 ]] || fail_soft "quickstart.sh: several --bind: $serve"
+# The message: this machine only, and a command line without the --bind.
+msg=$(sed -n '/^cat <<MSG$/,/^MSG$/p' "$qs")
+prose=$(tr -s ' \n' '  ' <<<"$msg")
+grep -q "this machine only" <<<"$prose" || fail_soft "quickstart.sh: does not say it serves this machine only"
+grep -q "To let other machines in" <<<"$prose" || fail_soft "quickstart.sh: does not say how to open it up"
+grep -E '^  build/blockport serve ' <<<"$msg" | grep -v -- '--bind 127' | grep -q -- '--allow' ||
+    fail_soft "quickstart.sh: no example command serving other machines (with --allow)"
+ok "$serve"
+
+########################################################################
 check "bash completion"
 out=$(PATH="$(dirname "$BLOCKPORT"):$PATH" bash -c '
   source "$1"
