@@ -1,0 +1,189 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The bash completion (contrib/bash-completion/blockport), driven as bash
+# drives it (COMP_WORDS, COMP_CWORD, COMP_LINE, then the function) in a
+# plain bash, without bash-completion's helpers and, where that package
+# is installed, with them: it offers the commands; for each command, only
+# options that its --help names and the program accepts (getopt does not
+# call them unrecognized), and every such option; the formats, cache and
+# AIO modes, --tls and --output values; the export names of the --config
+# file on the line (quoted ones too); files for images and file options,
+# directories for --tls-certs, and nothing for a number.
+source "$(dirname "$0")/lib.sh"
+require bash
+ROOT=$(readlink -f "$(dirname "$0")/../..")
+COMPLETION=$ROOT/contrib/bash-completion/blockport
+
+# The driver: sources the completion (after bash-completion's own script
+# when $WITH_BC names it), completes the words it is given, prints
+# COMPREPLY one a line.
+cat >"$T/drive.sh" <<'EOF'
+[[ -n ${WITH_BC:-} ]] && source "$WITH_BC"
+source "$COMPLETION"
+COMP_WORDS=("$@")
+COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+COMP_LINE="${COMP_WORDS[*]}"
+COMP_POINT=${#COMP_LINE}
+_blockport
+(( ${#COMPREPLY[@]} )) && printf '%s\n' "${COMPREPLY[@]}"
+exit 0
+EOF
+
+# comp WORD...: what completing the last word (after "blockport") offers.
+comp() {
+    (cd "$T/work" && COMPLETION=$COMPLETION bash --norc --noprofile "$T/drive.sh" "$BLOCKPORT" "$@")
+}
+
+# expect_exactly DESCRIPTION WANT... -- WORD...: the offer, sorted, is WANT.
+expect_exactly() {
+    local desc=$1 got want
+    shift
+    local -a w=()
+    while [[ $1 != -- ]]; do w+=("$1"); shift; done
+    shift
+    got=$(comp "$@" | sort | tr '\n' ' ')
+    want=
+    ((${#w[@]} == 0)) || want=$(printf '%s\n' "${w[@]}" | sort | tr '\n' ' ')
+    [[ $got == "$want" ]] || fail_soft "$desc: [${*}] offered [$got], expected [$want]"
+}
+
+# opts_in_text: the options a text names (as test-man.sh reads them).
+opts_in_text() {
+    grep -oE '(^|[^A-Za-z0-9_-])--?[A-Za-z0-9][A-Za-z0-9-]*' |
+        sed -E 's/^[^-]+//' | grep -E '^(-[A-Za-z0-9]|--[a-z0-9][a-z0-9-]+)$' |
+        sort -u || true
+}
+
+# accepts CMD OPT: getopt does not refuse OPT (see test-man.sh); asked
+# once per CMD and OPT.
+declare -A _accepts=()
+accepts() {
+    local key="$1 $2"
+    if [[ -z ${_accepts[$key]:-} ]]; then
+        (cd "$T" && timeout 10 "$BLOCKPORT" "$1" "$2" --help </dev/null \
+            >/dev/null 2>"$T/accepts.err") || true
+        if grep -E "unrecognized option|invalid option -- " "$T/accepts.err" >/dev/null; then
+            _accepts[$key]=no
+        else
+            _accepts[$key]=yes
+        fi
+    fi
+    [[ ${_accepts[$key]} == yes ]]
+}
+
+mkdir -p "$T/work/certs.d" "$T/work/sub"
+: >"$T/work/disk.qcow2"
+: >"$T/work/pid.file"
+cat >"$T/work/exports.conf" <<'EOF'
+# comment
+[export vm1]
+path = a.qcow2
+  [export   golden  ]
+path = b.qcow2
+[export "odd ] \"name\""]
+path = c.qcow2
+EOF
+
+cmds=$("$BLOCKPORT" --help | sed -n 's/^  \([a-z][a-z]*\)  .*/\1/p')
+[[ -n $cmds ]] || fail "no commands in blockport --help"
+
+modes=("plain bash (compgen -f)")
+bc=/usr/share/bash-completion/bash_completion
+if [[ -r $bc ]]; then
+    modes+=("bash-completion ($bc)")
+else
+    skip_case "bash-completion is not installed: _filedir not tried"
+fi
+
+for mode in "${modes[@]}"; do
+    if [[ $mode == bash-completion* ]]; then export WITH_BC=$bc; else unset WITH_BC; fi
+
+    ####################################################################
+    check "$mode: the commands"
+    # shellcheck disable=SC2086
+    expect_exactly "commands" $cmds --help --version -- ""
+    expect_exactly "commands" serve -- se
+    ok "$(wc -w <<<"$cmds") commands, --help and --version"
+
+    ####################################################################
+    # (What options are offered does not depend on bash-completion.)
+    if [[ $mode == plain* ]]; then
+    check "$mode: each command's options are its own, and all of them"
+    n=0
+    for c in $cmds; do
+        help=$("$BLOCKPORT" "$c" --help)
+        in_help=$(opts_in_text <<<"$help")
+        offered=$(comp "$c" -)
+        [[ -n $offered ]] || fail_soft "$c: no option offered"
+        for o in $offered; do
+            grep -qxF -- "$o" <<<"$in_help" || fail_soft "$c: offers $o, which its --help does not name"
+            accepts "$c" "$o" || fail_soft "$c: offers $o, which blockport $c refuses"
+            n=$((n + 1))
+        done
+        for o in $in_help; do
+            accepts "$c" "$o" || continue
+            grep -qxF -- "$o" <<<"$offered" || fail_soft "$c: does not offer $o (in its --help)"
+        done
+        # Long options only, once "--" is typed.
+        comp "$c" -- | grep -v -- '^--' && fail_soft "$c: '--' offers short options"
+    done
+    ok "$n options offered, each in --help and accepted"
+    fi
+
+    ####################################################################
+    check "$mode: option values"
+    fmts=(raw qcow2)
+    cache=(none writeback writethrough directsync unsafe)
+    for w in "serve -f" "serve --format" "mount -f" "vhost --format" "info -f" \
+        "map -f" "check -f" "create -f" "create -F" "create --backing-format" \
+        "convert -f" "convert -O" "convert -F" "compare -f" "compare -F"; do
+        # shellcheck disable=SC2086
+        expect_exactly "formats" "${fmts[@]}" -- $w ""
+    done
+    expect_exactly "formats" qcow2 -- convert -O q
+    for w in "serve --cache" "vhost --cache" "convert -t" "convert -T" "compare -T"; do
+        # shellcheck disable=SC2086
+        expect_exactly "cache modes" "${cache[@]}" -- $w ""
+    done
+    expect_exactly "mount's cache modes" "${cache[@]}" page -- mount --cache ""
+    expect_exactly "--aio" io_uring threads -- serve --aio ""
+    expect_exactly "--tls" off on require -- serve --tls ""
+    expect_exactly "--output" human json -- check --output ""
+    expect_exactly "--output" json -- map --output j
+    # --output=VALUE, split at '=' by bash or not.
+    expect_exactly "--output=" human json -- info --output = ""
+    expect_exactly "--output=" json -- info --output = j
+    expect_exactly "--output=j" --output=json -- info --output=j
+    expect_exactly "--repair" leaks all -- check --repair ""
+    expect_exactly "--rbd-lock" fail wait none -- serve --rbd-lock ""
+    expect_exactly "--log-level" error warn info debug -- mount --log-level ""
+    # A value nothing can guess: nothing, rather than files.
+    for w in "serve --port" "serve -w" "mount -t" "vhost -q" "convert -m" "serve --allow"; do
+        # shellcheck disable=SC2086
+        expect_exactly "no value for ${w#* }" -- $w ""
+    done
+    ok "formats, cache and AIO modes, --tls, --output, --repair; nothing for numbers"
+
+    ####################################################################
+    check "$mode: export names from the --config file on the line"
+    expect_exactly "exports" vm1 golden 'odd\ \]\ \"name\"' -- \
+        serve --config exports.conf --readonly-export ""
+    expect_exactly "exports" golden -- serve --config exports.conf -r --readonly-export g
+    expect_exactly "exports (--config=)" vm1 -- serve --config=exports.conf --readonly-export v
+    expect_exactly "no --config, no names" -- serve --readonly-export ""
+    ok "plain and quoted names, after --config FILE and --config=FILE"
+
+    ####################################################################
+    check "$mode: files and directories"
+    expect_exactly "an image" disk.qcow2 -- info d
+    expect_exactly "convert's DST" disk.qcow2 -- convert -O raw disk.qcow2 d
+    expect_exactly "--pid-file" pid.file -- serve --pid-file p
+    expect_exactly "--config" exports.conf -- serve --config e
+    expect_exactly "--tls-certs (directories)" certs.d -- serve --tls-certs c
+    comp serve --tls-certs "" | grep -x disk.qcow2 >/dev/null && fail_soft "--tls-certs offers a file"
+    plugindir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
+    if [[ -e $plugindir/nbdkit-memory-plugin.so ]]; then
+        expect_exactly "--plugin" memory -- serve --plugin memo
+    fi
+    ok "files, directories and plugin names"
+done
