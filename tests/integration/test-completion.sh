@@ -14,24 +14,51 @@ require bash
 ROOT=$(readlink -f "$(dirname "$0")/../..")
 COMPLETION=$ROOT/contrib/bash-completion/blockport
 
-# The driver: sources the completion (after bash-completion's own script
-# when $WITH_BC names it), completes the words it is given, prints
-# COMPREPLY one a line.
+# The driver: one bash, as a user's shell is, that sources the completion
+# (after bash-completion's own script when $WITH_BC names it) and answers
+# queries from a FIFO: a line with the number of words, the words one a
+# line; it completes the last one and answers with COMPREPLY one a line
+# and a line holding only an RS character.
 cat >"$T/drive.sh" <<'EOF'
 [[ -n ${WITH_BC:-} ]] && source "$WITH_BC"
 source "$COMPLETION"
-COMP_WORDS=("$@")
-COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
-COMP_LINE="${COMP_WORDS[*]}"
-COMP_POINT=${#COMP_LINE}
-_blockport
-(( ${#COMPREPLY[@]} )) && printf '%s\n' "${COMPREPLY[@]}"
-exit 0
+while IFS= read -r n; do
+    COMP_WORDS=()
+    for ((i = 0; i < n; i++)); do
+        IFS= read -r w
+        COMP_WORDS+=("$w")
+    done
+    COMP_CWORD=$((n - 1))
+    COMP_LINE="${COMP_WORDS[*]}"
+    COMP_POINT=${#COMP_LINE}
+    COMPREPLY=()
+    _blockport
+    ((${#COMPREPLY[@]})) && printf '%s\n' "${COMPREPLY[@]}"
+    printf '\036\n'
+done
 EOF
+mkfifo "$T/queries" "$T/answers"
+
+# start_driver: a driver for this mode (WITH_BC), on fds 7 and 8.
+start_driver() {
+    (cd "$T/work" && COMPLETION=$COMPLETION exec bash --norc --noprofile "$T/drive.sh" \
+        <"$T/queries" >"$T/answers" 2>>"$T/driver.err") &
+    track_pid $!
+    exec 7>"$T/queries" 8<"$T/answers"
+}
+stop_driver() {
+    exec 7>&- 8<&-
+}
 
 # comp WORD...: what completing the last word (after "blockport") offers.
 comp() {
-    (cd "$T/work" && COMPLETION=$COMPLETION bash --norc --noprofile "$T/drive.sh" "$BLOCKPORT" "$@")
+    local line
+    printf '%s\n' $(($# + 1)) "$BLOCKPORT" "$@" >&7
+    while IFS= read -r -t 60 line <&8; do
+        [[ $line == $'\036' ]] && return 0
+        printf '%s\n' "$line"
+    done
+    fail "the completion did not answer [$*]: $(cat "$T/driver.err")"
 }
 
 # expect_exactly DESCRIPTION WANT... -- WORD...: the offer, sorted, is WANT.
@@ -97,6 +124,7 @@ fi
 
 for mode in "${modes[@]}"; do
     if [[ $mode == bash-completion* ]]; then export WITH_BC=$bc; else unset WITH_BC; fi
+    start_driver
 
     ####################################################################
     check "$mode: the commands"
@@ -186,4 +214,5 @@ for mode in "${modes[@]}"; do
         expect_exactly "--plugin" memory -- serve --plugin memo
     fi
     ok "files, directories and plugin names"
+    stop_driver
 done
