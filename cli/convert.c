@@ -32,7 +32,8 @@
 #define MAX_SPARSE (16u << 20)   /* -S, as qemu-img allows it */
 
 static const char convert_usage[] =
-    "Usage: blockport convert [-p] [-c] [-U] [-n] [-W] [-f FMT] -O raw|qcow2\n"
+    "Usage: blockport convert [-p] [-c] [-C] [-U] [-n] [-W] [-f FMT]\n"
+    "                         -O raw|qcow2\n"
     "                         [-o OPTIONS] [-B BACKING [-F FMT]] [-S SIZE]\n"
     "                         [-m N] [-t CACHE] [-T CACHE]\n"
     "                         [--target-is-zero] SRC DST\n"
@@ -45,6 +46,10 @@ static const char convert_usage[] =
     "(-O raw; an existing one is an error).\n"
     "  -p            show progress on a terminal\n"
     "  -c            compress the clusters of a qcow2 DST (deflate)\n"
+    "  -C            copy offloading: data that lies in files on both\n"
+    "                sides (a raw DST) is copied inside the kernel\n"
+    "                (copy_file_range), zeroes in it included; not with\n"
+    "                -S or -c\n"
     "  -f FMT        format of SRC instead of probing\n"
     "  -U            read a SRC that another process writes (without it,\n"
     "                such a SRC is refused, as by qemu-img)\n"
@@ -109,6 +114,7 @@ struct copy {
   uint64_t grain;       /* -S: compared (and left sparse) per this much */
   bool full;            /* -S 0: every byte written, as data */
   bool dirty_dst;       /* -n without --target-is-zero: zeroes written */
+  bool offload;         /* -C: copy_file_range where both are files */
 };
 
 static void add_done(struct copy *cp, uint64_t n) {
@@ -217,9 +223,29 @@ static void show_progress(struct copy *cp) {
             100.0 * (double)done / (double)cp->total);
 }
 
+/* -C: copy what lies in host files on both sides inside the kernel, up to
+ * the first piece that does not (it goes through memory, and the next
+ * one is tried again).  0, or -errno for a failure of the copy itself. */
+static int offload(struct copy *cp, uint64_t *off, uint64_t *len) {
+  uint64_t done = 0;
+  int r = bd_copy_range(cp->src, cp->dst, *off, *len, &done);
+  add_done(cp, done);
+  *off += done;
+  *len -= done;
+  if (r == -EIO || r == -ENOSPC || r == -EDQUOT || r == -EFBIG) {
+    cli_error("convert", NULL, "copy_file_range at offset %llu: %s",
+              (unsigned long long)*off, strerror(-r));
+    return r;
+  }
+  return 0;
+}
+
 /* Copy [off, off+len) in CHUNK pieces. */
 static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
   while (len > 0) {
+    int r = cp->offload ? offload(cp, &off, &len) : 0;
+    if (r < 0 || len == 0)
+      return r;
     pthread_mutex_lock(&cp->lock);
     while (cp->nfree == 0)
       pthread_cond_wait(&cp->cond, &cp->lock);
@@ -367,6 +393,7 @@ struct dst_opts {
   bool existing;                  /* -n */
   bool target_zero;               /* --target-is-zero */
   int64_t sparse;                 /* -S; -1: the format's default */
+  bool offload;                   /* -C */
   unsigned slots;                 /* -m */
 };
 
@@ -453,6 +480,7 @@ static void copy_shape(struct copy *cp, const struct dst_opts *d) {
   cp->nslots = d->slots ? d->slots : SLOTS;
   cp->full = d->sparse == 0;
   cp->dirty_dst = d->existing && !d->target_zero;
+  cp->offload = d->offload;
   uint64_t csize = !strcmp(d->fmt, "qcow2") ? 1ull << d->o.q.cluster_bits : 0;
   /* Zeroes are compared per cluster for qcow2 (whole clusters are then
    * left unallocated), per 4k for raw, as qemu-img's default -S. */
@@ -631,6 +659,7 @@ static int convert_option(struct convert_args *a, int ch, const char *arg) {
   case 'n': d->existing = true; return 0;
   case 'Z': d->target_zero = true; return 0;
   case 'W': return 0; /* always out of order here */
+  case 'C': d->offload = true; return 0;
   case 'S': return sparse_size(arg, &d->sparse);
   case 'm':
     if (cli_parse_uint(arg, 1, SLOTS, &m) == 0) {
@@ -658,6 +687,10 @@ static const char *conflict(const struct convert_args *a, bool rbd_dst) {
   if (d->o.backing_fmt && strcmp(d->o.backing_fmt, "raw") &&
       strcmp(d->o.backing_fmt, "qcow2"))
     return "-F takes raw or qcow2";
+  if (d->offload && d->sparse >= 0)
+    return "Cannot enable copy offloading when -S is used";
+  if (d->offload && a->compress)
+    return "Cannot enable copy offloading when -c is used";
   if (d->target_zero && !d->existing)
     return "--target-is-zero needs -n";
   if (d->existing && (d->o.qcow2_only || d->o.has_size || d->o.q.prealloc))
@@ -675,7 +708,7 @@ static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcUnWf:O:B:F:t:T:o:S:m:h", longopts,
+  while ((ch = getopt_long(argc, argv, "pcCUnWf:O:B:F:t:T:o:S:m:h", longopts,
                            NULL)) != -1) {
     if (ch == 'h') {
       fputs(convert_usage, stdout);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "disk.h"
+#include "io.h"
 #include "pool.h"
 
 /* ---- sizes ---- */
@@ -826,6 +827,35 @@ int bd_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
 int bd_flush(struct bd *bd) {
   struct bd_req req = {.cmd = BD_FLUSH};
   return bd_run(bd, &req);
+}
+
+static int host_range(struct bd *bd, uint64_t off, uint64_t len, int *fd,
+                      uint64_t *host, uint64_t *n) {
+  if (!bd->ops->host_range)
+    return -ENOTSUP;
+  int r = bd->ops->host_range(bd, off, len, fd, host, n);
+  return r == 0 && *n == 0 ? -ENOTSUP : r;
+}
+
+int bd_copy_range(struct bd *src, struct bd *dst, uint64_t off, uint64_t len,
+                  uint64_t *done) {
+  *done = 0;
+  while (*done < len) {
+    int sfd, dfd;
+    uint64_t sh, dh, n, dn;
+    uint64_t at = off + *done, left = len - *done;
+    int r = host_range(src, at, left, &sfd, &sh, &n);
+    if (r == 0)
+      r = host_range(dst, at, n, &dfd, &dh, &dn);
+    if (r < 0)
+      return r;
+    uint64_t k = 0;
+    r = io_copy_range(sfd, sh, dfd, dh, dn, &k);
+    *done += k;
+    if (r < 0)
+      return r;
+  }
+  return 0;
 }
 
 int bd_prealloc_parse(const char *name, enum bd_prealloc *out) {

@@ -197,6 +197,12 @@ struct bd_ops {
    * without testing others) the image locks of the files (see
    * bd_hold_locks()). */
   void (*hold_locks)(struct bd *bd, bool hold);
+  /* Optional: where the bytes [off, off+len) lie in a host file as they
+   * are, as far as they do contiguously: the descriptor, the offset there
+   * and how many bytes (*n <= len).  -ENOTSUP where they do not (zeroes,
+   * compressed, in a backing file, not a file).  For bd_copy_range(). */
+  int (*host_range)(struct bd *bd, uint64_t off, uint64_t len, int *fd,
+                    uint64_t *host, uint64_t *n);
   /* Optional, writable sources: change the virtual size to SIZE (see
    * bd_resize()). */
   int (*resize)(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
@@ -493,6 +499,14 @@ int bd_flush(struct bd *bd);
  * request in flight: image tools, not a served export.  Returns 0, or
  * -errno with a message in bd_errmsg() (-ENOTSUP: the source cannot). */
 int bd_resize(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
+
+/* Copy [OFF, OFF+LEN) of SRC to the same place in DST inside the kernel
+ * (copy_file_range), where both keep those bytes in host files.  *DONE
+ * says how much was copied; -ENOTSUP (or the kernel's -EXDEV, -EINVAL...)
+ * when the rest cannot be copied that way: the caller copies it through
+ * memory.  Only with no request in flight on DST's range. */
+int bd_copy_range(struct bd *src, struct bd *dst, uint64_t off, uint64_t len,
+                  uint64_t *done);
 
 /* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
 int bd_parse_size(const char *s, uint64_t *out);

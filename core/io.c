@@ -75,6 +75,23 @@ int io_preallocate(int fd, uint64_t off, uint64_t len, bool write_zeroes) {
   return r;
 }
 
+int io_copy_range(int sfd, uint64_t soff, int dfd, uint64_t doff, uint64_t len,
+                  uint64_t *done) {
+  int f = fault_check(FAULT_WRITE, doff, len);
+  if (f < 0)
+    return f;
+  for (*done = 0; *done < len;) {
+    loff_t si = (loff_t)(soff + *done), di = (loff_t)(doff + *done);
+    ssize_t c = copy_file_range(sfd, &si, dfd, &di, (size_t)(len - *done), 0);
+    if (c < 0 && errno == EINTR)
+      continue;
+    if (c <= 0) /* 0: the source file ends here */
+      return c < 0 ? -errno : -ENOTSUP;
+    *done += (uint64_t)c;
+  }
+  return 0;
+}
+
 int io_pread_zero(int fd, void *buf, size_t len, uint64_t off) {
   return pread_loop(fd, buf, len, off, true);
 }

@@ -18,6 +18,11 @@ int io_pread_exact(int fd, void *buf, size_t len, uint64_t off);
  * WRITE_ZEROES zeroes written (qemu's preallocation=falloc and full).
  * Returns 0 or -errno. */
 int io_preallocate(int fd, uint64_t off, uint64_t len, bool write_zeroes);
+/* copy_file_range LEN bytes from SFD at SOFF to DFD at DOFF; *DONE says
+ * how many went.  -ENOTSUP when the source file ends first; else 0 or the
+ * kernel's -errno (-EXDEV, -EINVAL, -EOPNOTSUPP: copy through memory). */
+int io_copy_range(int sfd, uint64_t soff, int dfd, uint64_t doff, uint64_t len,
+                  uint64_t *done);
 /* fdatasync.  Returns 0 or -errno. */
 int io_fdatasync(int fd);
 /* All of them go through fault_check() (core/fault.h). */

@@ -417,6 +417,19 @@ static int raw_resize(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
   return 0;
 }
 
+/* Every byte is at its own offset, but for the guarded first sector of a
+ * probed image (its writes are checked). */
+static int raw_host_range(struct bd *bd, uint64_t off, uint64_t len, int *fd,
+                          uint64_t *host, uint64_t *n) {
+  struct rawdev *r = bd->priv;
+  if (touches_head(r, off))
+    return -ENOTSUP;
+  *fd = r->fd;
+  *host = off;
+  *n = len;
+  return 0;
+}
+
 static const struct bd_ops raw_ops = {
     .name = "raw",
     .pread = raw_pread,
@@ -431,6 +444,7 @@ static const struct bd_ops raw_ops = {
     .close = raw_close,
     .hold_locks = raw_hold_locks,
     .resize = raw_resize,
+    .host_range = raw_host_range,
 };
 
 static enum filelock_use lock_use(unsigned flags) {

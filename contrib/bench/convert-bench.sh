@@ -4,6 +4,9 @@
 #   raw -> qcow2      a 1 GiB file, half random data, half holes
 #   qcow2 -> raw      the qcow2 made from it by qemu-img
 #   qcow2 -> qcow2 -c compressed output (text-like data, so it compresses)
+#   and with qemu-img's options: -t none (O_DIRECT output), -o (2M
+#   clusters with subclusters, metadata preallocation), -m (requests in
+#   flight) with -W, -C (copy offloading)
 # Prints seconds per tool and the ratio qemu-img / blockport (higher is
 # better for blockport), against qemu-img's default (its output is never
 # synced) and against -t writeback (synced at the end, as blockport's is).
@@ -52,3 +55,11 @@ row() { # name src bp-args... -- qemu-args...
 row "raw -> qcow2" in.raw qcow2
 row "qcow2 -> raw" in.qcow2 raw
 row "qcow2 -> qcow2 -c" text.qcow2 qcow2 -c
+# qemu-img's options, the same on both sides.
+row "raw -> raw -t none" in.raw raw -t none
+row "raw -> qcow2 -o 2M,l2" in.raw qcow2 -o cluster_size=2M,extended_l2=on
+row "raw -> qcow2 -o pre" in.raw qcow2 -o preallocation=metadata
+row "raw -> qcow2 -m 4 -W" in.raw qcow2 -m 4 -W
+row "qcow2 -> raw -m 1" in.qcow2 raw -m 1
+row "raw -> raw -C" in.raw raw -C
+row "qcow2 -> raw -C" in.qcow2 raw -C

@@ -545,6 +545,22 @@ static void q_close(struct bd *bd) {
 
 static void q_hold_locks(struct bd *bd, bool hold);
 
+/* Plain data clusters of this image, one run at a time. */
+static int q_host_range(struct bd *bd, uint64_t off, uint64_t len, int *fd,
+                        uint64_t *host, uint64_t *n) {
+  struct qcow2dev *q = bd->priv;
+  struct qcow2_run run;
+  int r = map_run(q, off, len, &run);
+  if (r < 0)
+    return r;
+  if (run.kind != QCOW2_DATA)
+    return -ENOTSUP;
+  *fd = q->data_fd;
+  *host = run.host;
+  *n = run.length;
+  return 0;
+}
+
 static const struct bd_ops qcow2_ops = {
     .name = "qcow2",
     .pread = q_pread,
@@ -558,6 +574,7 @@ static const struct bd_ops qcow2_ops = {
     .close = q_close,
     .hold_locks = q_hold_locks,
     .resize = qcow2_resize,
+    .host_range = q_host_range,
 };
 
 /* ---- opening ---- */

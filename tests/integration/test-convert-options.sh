@@ -6,7 +6,7 @@
 # skipped with --target-is-zero), -n into a smaller image refused; -S 0
 # allocating everything and -S SIZE leaving zero runs of SIZE sparse;
 # -m and -W; a 1000-byte raw file becoming a 1024-byte qcow2 as qemu-img
-# makes it; an external data file (-o data_file, data_file_raw).  Every
+# makes it; -C (copy_file_range); an external data file (-o data_file, data_file_raw).  Every
 # copy is checked with qemu-img compare (and check).
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io
@@ -90,6 +90,36 @@ rc=0
 ((rc == 1)) && grep -q "raw images do not take the option 'cluster_size'" err ||
     fail "raw with cluster_size: $rc"
 ok "-o help; an option the format does not take is refused"
+
+check "-C: copy offloading (copy_file_range) into raw, as qemu-img -C"
+run qemu-img create -q -f qcow2 cq.qcow2 4M
+run qemu-io -c "write -P 1 0 1M" -c "write -P 2 3M 512k" cq.qcow2 >/dev/null
+head -c 1M <(yes blockport) >text.raw
+run qemu-img convert -c -O qcow2 text.raw cz.qcow2
+for src in data.raw cq.qcow2 cz.qcow2; do
+    rm -f oc.raw
+    if command -v strace >/dev/null; then
+        strace -f -qq -e trace=copy_file_range -o trace.txt "$BLOCKPORT" convert -C -O raw "$src" oc.raw ||
+            fail "-C $src"
+        calls=$(grep -c "^[0-9]* *copy_file_range" trace.txt || true)
+        # Compressed clusters are not in a file as they read: through memory.
+        if [[ $src == cz.qcow2 ]]; then ((calls == 0)); else ((calls > 0)); fi ||
+            fail "-C $src: $calls copy_file_range calls"
+    else
+        run "$BLOCKPORT" convert -C -O raw "$src" oc.raw
+    fi
+    same "$src" oc.raw
+done
+run "$BLOCKPORT" convert -C -O qcow2 data.raw oc.qcow2
+same data.raw oc.qcow2 qcow2
+for bad in "-S 4k" "-c"; do
+    rc=0
+    # shellcheck disable=SC2086 # two words or one
+    "$BLOCKPORT" convert -C $bad -O qcow2 data.raw x.qcow2 2>err || rc=$?
+    ((rc == 1)) && grep -q "Cannot enable copy offloading when ${bad%% *} is used" err ||
+        fail "-C $bad: exit $rc, $(cat err)"
+done
+ok "-C: raw and qcow2 sources, compressed clusters through memory, -S and -c refused"
 
 check "-n: into an existing image"
 random_file old.raw 4
