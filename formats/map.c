@@ -2,6 +2,7 @@
 #include "map.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/blockdev.h"
@@ -30,6 +31,24 @@ static int generic_map(struct bd *bd, uint64_t off, uint64_t len,
   return r;
 }
 
+/* An NBD URI as qemu names the default export: without its "/"
+ * ("nbd+unix://?socket=...", "nbd://host:port"). */
+static const char *nbd_file_name(struct bd *bd) {
+  static _Thread_local char name[1024];
+  const char *d = bd->description, *q = strstr(d, ":///?");
+  const char *auth = strstr(d, "://");
+  size_t n = strlen(d);
+  if (n >= sizeof name || !auth)
+    return d;
+  if (q) /* nbd+unix:///?socket=... */
+    snprintf(name, sizeof name, "%.*s://%s", (int)(q - d), d, q + 4);
+  else if (strchr(auth + 3, '/') == d + n - 1) /* nbd://host:port/ */
+    snprintf(name, sizeof name, "%.*s", (int)(n - 1), d);
+  else
+    return d;
+  return name;
+}
+
 int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e) {
   memset(e, 0, sizeof *e);
@@ -49,11 +68,14 @@ int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
   if (!strcmp(bd->format, "qcow2"))
     return qcow2_map(bd, depth, off, len, e);
   int r = generic_map(bd, off, len, e);
-  if (r == 0 && (!strcmp(bd->format, "raw") || !strcmp(bd->format, "rbd"))) {
-    /* Every byte of a raw file (or an RBD image, as qemu-img map shows
-     * it) sits at its own offset. */
+  if (r == 0 && (!strcmp(bd->format, "raw") || !strcmp(bd->format, "rbd") ||
+                 !strcmp(bd->format, "nbd"))) {
+    /* Every byte of a raw file (or an RBD image or NBD export, as
+     * qemu-img map shows them) sits at its own offset. */
     e->has_offset = true;
     e->offset = off;
   }
+  if (!strcmp(bd->format, "nbd"))
+    e->file = nbd_file_name(bd);
   return r;
 }

@@ -55,6 +55,26 @@ rc=0; "$BLOCKPORT" map ctext.qcow2 >bp.txt 2>err.txt || rc=$?
 [ $rc -eq 1 ] && grep -q "compressed clusters" err.txt || fail "compressed clusters in a table: exit $rc"
 ok "as qemu-img's"
 
+check "an NBD source: offsets and the export's name as qemu-img map gives them"
+require qemu-nbd
+for img in sub/base.raw top.qcow2; do
+  qemu-nbd -r -t -k "$T/qn.sock" "$img" &
+  qpid=$!
+  track_pid $qpid
+  wait_until 10 test -S "$T/qn.sock" || fail "qemu-nbd did not start"
+  U="nbd+unix:///?socket=$T/qn.sock"
+  "$BLOCKPORT" map --output=json "$U" >bp.json || fail "map --output=json $U"
+  qemu-img map --output=json "$U" >q.json
+  diff -u q.json bp.json || fail "$img over NBD: maps differ"
+  "$BLOCKPORT" map "$U" >bp.txt || fail "map $U"
+  qemu-img map "$U" >q.txt
+  diff -u <(tr -s ' ' <q.txt) <(tr -s ' ' <bp.txt) || fail "$img over NBD: tables differ"
+  kill $qpid
+  wait $qpid 2>/dev/null || true
+  rm -f "$T/qn.sock"
+done
+ok "the same as qemu-img's"
+
 check "a missing image: exit 1"
 rc=0; "$BLOCKPORT" map nonexistent.qcow2 2>err.txt || rc=$?
 [ $rc -eq 1 ] || fail "exit $rc"
