@@ -21,6 +21,7 @@ PACKAGES=(
   systemd                                 # systemd-socket-activate: socket activation tests
   strace                                  # test-config.sh: --check-config opens images read-only
   bash-completion                         # test-completion.sh: the completion with _filedir too
+  groff-base man-db                       # test-man.sh: the pages format without warnings
   librbd-dev librados-dev                 # the rbd: source (headers; librbd1 is loaded on use)
   ceph-mon ceph-osd ceph-common           # contrib/ceph-cluster.sh: a throw-away test cluster
   qemu-block-extra                        # QEMU's rbd driver, the RBD tests' peer
