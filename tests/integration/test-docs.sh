@@ -36,6 +36,10 @@ for ex in "${examples[@]}"; do
         require nbdkit
         [[ -f $so ]] || { skip_case "$ex: no $so"; continue; }
         cmd="nbdkit -U - \"\$so\" ${ex#nbdkit blockport } --run 'nbdinfo --size \"\$uri\"'"
+        # A sanitizer build of the plugin needs its runtime loaded first.
+        if [[ $(nm -D --undefined-only "$so") == *__asan_init* ]]; then
+            cmd="env LD_PRELOAD=\"$(gcc -print-file-name=libasan.so)\" ASAN_OPTIONS=detect_leaks=0 $cmd"
+        fi
         ;;
     esac
     out=$(cd "$T" && eval "timeout 60 $cmd" 2>"$T/err") ||
