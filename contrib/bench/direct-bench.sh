@@ -131,8 +131,11 @@ SEQ=(fio-uring blockport blockport-threads qemu-uring nbdkit)
 echo "blockport: $BP ($("$BP" --version)); $(qemu-nbd --version | head -1);"
 echo "$(nbdkit --version); $(fio --version); $(nproc) CPUs; scratch on" \
   "$(df --output=source,fstype "$W" | tail -n 1); $ROUNDS rounds of $RT s"
+# DIRECT_BENCH_ONLY=seq: the sequential runs alone (the random table
+# then reads n/a).
 for r in $(seq "$ROUNDS"); do
   for c in 1 4; do
+    [[ ${DIRECT_BENCH_ONLY:-} == seq ]] && break
     for s in "${RAND_RAW[@]}" "${RAND_QCOW2[@]}"; do run_row rand "$c" "$s"; done
   done
   for wl in seqread seqwrite; do
@@ -142,25 +145,27 @@ done
 
 mean() { echo $(( ${SUM[$1]:-0} / ROUNDS )); }
 echo
-echo "4k random 75/25, total iodepth 64 (IOPS; cpu us per request: server/fio)"
-printf '%-20s %12s %12s\n' server "1 conn" "4 conns"
-for s in "${RAND_RAW[@]}" "${RAND_QCOW2[@]}"; do
-  printf '%-20s %12s %12s   cpu %s / %s\n' "$s" "$(mean "rand,1,$s")" \
-    "$(mean "rand,4,$s")" "${CPUS[rand,4,$s]% *}" "${CPUS[rand,4,$s]#* }"
-done
-echo
-for c in 1 4; do
-  lim=$(mean "rand,$c,fio-uring")
-  printf '%d conn: blockport/fio-uring %s, blockport/qemu-nbd(io_uring) %s,' \
-    "$c" "$(ratio "$(mean "rand,$c,blockport")" "$lim")" \
-    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-uring")")"
-  printf ' blockport/qemu-nbd(native) %s, qcow2: blockport/qemu-nbd(io_uring) %s,' \
-    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-native")")" \
-    "$(ratio "$(mean "rand,$c,blockport-qcow2")" "$(mean "rand,$c,qemu-uring-qcow2")")"
-  printf ' io_uring/threads %s, blockport/null %s\n' \
-    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,blockport-threads")")" \
-    "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,null")")"
-done
+if [[ ${DIRECT_BENCH_ONLY:-} != seq ]]; then
+  echo "4k random 75/25, total iodepth 64 (IOPS; cpu us per request: server/fio)"
+  printf '%-20s %12s %12s\n' server "1 conn" "4 conns"
+  for s in "${RAND_RAW[@]}" "${RAND_QCOW2[@]}"; do
+    printf '%-20s %12s %12s   cpu %s / %s\n' "$s" "$(mean "rand,1,$s")" \
+      "$(mean "rand,4,$s")" "${CPUS[rand,4,$s]% *}" "${CPUS[rand,4,$s]#* }"
+  done
+  echo
+  for c in 1 4; do
+    lim=$(mean "rand,$c,fio-uring")
+    printf '%d conn: blockport/fio-uring %s, blockport/qemu-nbd(io_uring) %s,' \
+      "$c" "$(ratio "$(mean "rand,$c,blockport")" "$lim")" \
+      "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-uring")")"
+    printf ' blockport/qemu-nbd(native) %s, qcow2: blockport/qemu-nbd(io_uring) %s,' \
+      "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,qemu-native")")" \
+      "$(ratio "$(mean "rand,$c,blockport-qcow2")" "$(mean "rand,$c,qemu-uring-qcow2")")"
+    printf ' io_uring/threads %s, blockport/null %s\n' \
+      "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,blockport-threads")")" \
+      "$(ratio "$(mean "rand,$c,blockport")" "$(mean "rand,$c,null")")"
+  done
+fi
 echo
 echo "1 MiB sequential, iodepth 16, one connection (MiB/s)"
 for wl in seqread seqwrite; do
