@@ -95,6 +95,7 @@ struct conn {
   bool send_blocked; /* the socket is full: wait for POLLOUT */
   bool dead;         /* the socket failed: drop replies */
   bool waiting;      /* the connection thread wants a wake-up */
+  unsigned spin;     /* reads to try before sleeping (spin_read()) */
   bool transmitting; /* past the handshake */
   bool closing;      /* server shutdown: new requests get ESHUTDOWN */
 };
