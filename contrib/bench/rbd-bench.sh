@@ -16,6 +16,10 @@
 # The servers alternate ROUNDS times; then means and ratios, and the
 # largest resident set of the blockport process (VmHWM).
 #
+# RBD_BENCH_PIN=1 gives the cluster's daemons CPU 0 and everything else
+# (fio, the servers) the other CPUs: a gateway whose OSDs run elsewhere,
+# as in a deployment, rather than one that takes CPU from its own OSD.
+#
 # usage: contrib/bench/rbd-bench.sh [ROUNDS] [SECONDS] [BLOCKPORT]
 set -euo pipefail
 ROUNDS=${1:-3}
@@ -29,6 +33,19 @@ bench_workdir rbd-bench
 bench_cleanup_hook() { "$CLUSTER" stop "$W/ceph" >/dev/null 2>&1; }
 
 "$CLUSTER" start "$W/ceph" --store memstore >/dev/null
+NCPU=$(nproc)
+PLACEMENT="shared CPUs"
+if [ "${RBD_BENCH_PIN:-0}" = 1 ]; then
+  ((NCPU >= 2)) || {
+    echo "RBD_BENCH_PIN needs 2 CPUs" >&2
+    exit 1
+  }
+  for d in mon.a osd.0; do
+    taskset -a -p -c 0 "$(<"$W/ceph/run/$d.pid")" >/dev/null
+  done
+  taskset -p -c "1-$((NCPU - 1))" $$ >/dev/null # inherited from here on
+  PLACEMENT="daemons on CPU 0, the rest on 1-$((NCPU - 1))"
+fi
 export CEPH_CONF=$W/ceph/ceph.conf
 IMG=bench
 SPEC=rbd:rbd/$IMG
@@ -74,7 +91,7 @@ one() {
 }
 
 echo "blockport: $BP ($("$BP" --version)); $(qemu-nbd --version | head -1)"
-echo "$(rbd --version); $(nproc) CPUs; $ROUNDS rounds; $RT s per run"
+echo "$(rbd --version); $NCPU CPUs ($PLACEMENT); $ROUNDS rounds; $RT s per run"
 for r in $(seq "$ROUNDS"); do
   for c in "${CONNS[@]}"; do
     # Rotate who goes first, so nobody always runs on a warmer cluster.
