@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/log.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -113,6 +114,9 @@ int resize_main(int argc, char **argv) {
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   struct resize_args a = {0};
+  /* qemu-img's lines only: what a source logs on opening (the bitmaps it
+   * tracks) is for servers. */
+  log_threshold = LOG_LEVEL_WARN;
   for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       fputs(resize_usage, stdout);

@@ -14,7 +14,14 @@
  * the way QEMU does it: the BITMAPS autoclear bit is cleared first, so a
  * torn directory is never taken for a valid one.  A bitmap blockport cannot
  * keep (malformed, or its clusters' refcounts wrong) makes the image
- * refuse writes, with the reason. */
+ * refuse writes, with the reason.
+ *
+ * A resize (resize.c) takes every consistent bitmap into tracking,
+ * disabled ones too, and gives each a table for the new size: new
+ * clusters, referenced from the directory only when it is stored at
+ * close; the old table and the data clusters past the new end are freed
+ * after that.  As with qemu-img resize, the grown area is clean, and bits
+ * past the old or new end are cleared on disk. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,14 +32,27 @@
 #include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "guard.h"
+#include "overlap.h"
 #include "qcow2-internal.h"
 
 struct tracked {
   const struct qcow2_bitmap *b;
-  uint64_t *table;  /* host-endian entries */
-  uint64_t *bits;   /* set since open: table_size clusters' worth */
-  uint8_t *touched; /* per table entry: bits were set there */
-  uint64_t nbits;   /* bits that cover the image */
+  bool enabled;       /* tracks writes; a disabled one only follows resizes */
+  uint32_t size;      /* table entries (b->table_size until a resize) */
+  uint64_t table_off; /* where the table is written at close */
+  bool moved;         /* a resize gave it a new table: write it whole */
+  uint64_t zero_from; /* bits from here to their cluster's end are cleared
+                       * on disk at close (past an old or new end) */
+  uint64_t *table;    /* host-endian entries */
+  uint64_t *bits;     /* set since open: size clusters' worth */
+  uint8_t *touched;   /* per table entry: bits were set there */
+  uint64_t nbits;     /* bits that cover the image */
+};
+
+/* A range freed once the directory no longer points at it. */
+struct stale {
+  uint64_t off, len;
 };
 
 struct qcow2_bitmaps {
@@ -40,6 +60,8 @@ struct qcow2_bitmaps {
   uint8_t *raw;             /* the directory as stored */
   struct tracked *t;
   uint32_t nt;
+  struct stale *stale;
+  size_t nstale;
 };
 
 static void free_all(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
@@ -50,6 +72,7 @@ static void free_all(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
   }
   free(bm->t);
   free(bm->raw);
+  free(bm->stale);
   qcow2_free_bitmaps(bm->dir, q->h.bitmaps_nb);
   free(bm);
 }
@@ -99,6 +122,10 @@ static int load_table(struct qcow2dev *q, struct tracked *t) {
 static int track(struct qcow2dev *q, struct tracked *t,
                  const struct qcow2_bitmap *b) {
   t->b = b;
+  t->enabled = b->flags & QCOW2_BME_AUTO;
+  t->size = b->table_size;
+  t->table_off = b->table_offset;
+  t->zero_from = UINT64_MAX;
   int r = load_table(q, t);
   if (r < 0)
     return r;
@@ -196,7 +223,7 @@ void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len) {
     struct tracked *t = &bm->t[i];
     unsigned g = t->b->granularity_bits;
     uint64_t first = off >> g, last = (off + len - 1) >> g;
-    if (first >= t->nbits)
+    if (!t->enabled || first >= t->nbits)
       continue;
     if (last >= t->nbits)
       last = t->nbits - 1;
@@ -219,11 +246,20 @@ void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len) {
 static int store_cluster(struct qcow2dev *q, struct tracked *t, uint64_t c,
                          uint8_t *buf) {
   uint64_t e = t->table[c], off = e & QCOW2_OFFSET_MASK;
-  if (!off && (e & QCOW2_BITMAP_ALL_ONES))
+  uint64_t per = q->csize * 8, from = t->zero_from;
+  bool cut = from / per == c; /* an old or new end falls in this cluster */
+  bool ones = !off && (e & QCOW2_BITMAP_ALL_ONES);
+  if (ones && !cut)
     return 0; /* already all ones */
   int r = off ? io_pread_zero(q->fd, buf, q->csize, off) : 0;
   if (!off)
-    memset(buf, 0, q->csize);
+    memset(buf, ones ? 0xff : 0, q->csize);
+  if (cut) {
+    uint64_t b = from % per;
+    if (b % 8)
+      buf[b / 8] &= (uint8_t)((1u << (b % 8)) - 1);
+    memset(buf + (b + 7) / 8, 0, q->csize - (b + 7) / 8);
+  }
   const uint64_t *w = t->bits + c * (q->csize / 8);
   for (uint64_t i = 0; i < q->csize; i++) /* little-endian bit order */
     buf[i] |= (uint8_t)(w[i / 8] >> (8 * (i % 8)));
@@ -238,8 +274,8 @@ static int store_cluster(struct qcow2dev *q, struct tracked *t, uint64_t c,
 
 static int store_bitmap(struct qcow2dev *q, struct tracked *t, uint8_t *buf) {
   int r = 0;
-  bool table_changed = false;
-  for (uint32_t c = 0; r == 0 && c < t->b->table_size; c++) {
+  bool table_changed = t->moved;
+  for (uint32_t c = 0; r == 0 && c < t->size; c++) {
     if (!t->touched[c])
       continue;
     uint64_t before = t->table[c];
@@ -249,17 +285,19 @@ static int store_bitmap(struct qcow2dev *q, struct tracked *t, uint8_t *buf) {
   if (r == 0 && table_changed) {
     /* New data clusters (and their refcounts) before the table entries
      * that point at them. */
-    size_t bytes = (size_t)t->b->table_size * 8;
+    size_t bytes = (size_t)t->size * 8;
     uint8_t *tb = malloc(bytes);
     r = tb ? io_fdatasync(q->fd) : -ENOMEM;
-    for (uint32_t c = 0; r == 0 && c < t->b->table_size; c++)
+    for (uint32_t c = 0; r == 0 && c < t->size; c++)
       put_be64(tb + c * 8ull, t->table[c]);
     if (r == 0)
-      r = io_pwrite_all(q->fd, tb, bytes, t->b->table_offset);
+      r = io_pwrite_all(q->fd, tb, bytes, t->table_off);
     free(tb);
   }
   return r;
 }
+
+static void free_stale(struct qcow2dev *q, struct qcow2_bitmaps *bm);
 
 void qcow2_bitmaps_close(struct qcow2dev *q, bool store) {
   struct qcow2_bitmaps *bm = q->bitmaps;
@@ -285,5 +323,182 @@ void qcow2_bitmaps_close(struct qcow2dev *q, bool store) {
     log_error("qcow2 %s: persistent bitmaps not stored (%s): they stay "
               "marked in use, so known to be inconsistent",
               q->path, strerror(-r));
+  else
+    free_stale(q, bm);
   free_all(q, bm);
+}
+
+/* ---- resizing ---- */
+
+/* What the directory pointed at before a resize: free now that it does
+ * not.  A failure here only leaks. */
+static void free_stale(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
+  int r = 0;
+  for (size_t i = 0; r == 0 && i < bm->nstale; i++) {
+    /* No longer metadata: the overlap guard lets them go. */
+    qcow2_guard_unmark(q, QCOW2_OL_BITMAPS, bm->stale[i].off, bm->stale[i].len);
+    r = qcow2_free_range(q, bm->stale[i].off, bm->stale[i].len);
+  }
+  if (r == 0 && bm->nstale)
+    r = io_fdatasync(q->fd);
+  if (r < 0)
+    log_error("qcow2 %s: the old bitmap clusters were not freed (%s): "
+              "`blockport check -r leaks` reclaims them",
+              q->path, strerror(-r));
+}
+
+static int add_stale(struct qcow2_bitmaps *bm, uint64_t off, uint64_t len) {
+  struct stale *s = realloc(bm->stale, (bm->nstale + 1) * sizeof *s);
+  if (!s)
+    return -ENOMEM;
+  bm->stale = s;
+  s[bm->nstale++] = (struct stale){off, len};
+  return 0;
+}
+
+/* The directory, for an image whose bitmaps none are tracked yet. */
+static int load_untracked(struct qcow2dev *q) {
+  struct qcow2_bitmaps *bm = calloc(1, sizeof *bm);
+  if (!bm)
+    return -ENOMEM;
+  int r = read_dir(q, bm);
+  bm->t = r == 0 ? calloc(q->h.bitmaps_nb, sizeof *bm->t) : NULL;
+  if (r == 0 && !bm->t)
+    r = -ENOMEM;
+  if (r < 0) {
+    free_all(q, bm);
+    return r;
+  }
+  q->bitmaps = bm;
+  return 0;
+}
+
+static bool is_tracked(const struct qcow2_bitmaps *bm,
+                       const struct qcow2_bitmap *b) {
+  for (uint32_t i = 0; i < bm->nt; i++)
+    if (bm->t[i].b == b)
+      return true;
+  return false;
+}
+
+int qcow2_bitmaps_prepare_resize(struct qcow2dev *q) {
+  if (q->h.bitmaps_nb == 0)
+    return 0;
+  int r = q->bitmaps ? 0 : load_untracked(q);
+  struct qcow2_bitmaps *bm = q->bitmaps;
+  /* The flags as they were at open: IN_USE there means inconsistent. */
+  for (uint32_t i = 0; r == 0 && i < q->h.bitmaps_nb; i++)
+    if (bm->dir[i].flags & QCOW2_BME_IN_USE) {
+      bd_set_error("qcow2 %s: bitmap '%s' is inconsistent and cannot be "
+                   "used; remove it (qemu-img bitmap --remove) to resize",
+                   q->path, bm->dir[i].name);
+      r = -ENOTSUP;
+    }
+  uint32_t before = r == 0 ? bm->nt : 0;
+  for (uint32_t i = 0; r == 0 && i < q->h.bitmaps_nb; i++)
+    if (!is_tracked(bm, &bm->dir[i]))
+      r = track(q, &bm->t[bm->nt++], &bm->dir[i]);
+  /* The newly tracked ones are in use, durably, before they change. */
+  if (r == 0 && bm->nt > before)
+    r = store_dir(q, bm, true);
+  return r;
+}
+
+static uint64_t nbits_for(uint64_t size, unsigned g) {
+  return (size >> g) + !!(size & ((1ull << g) - 1));
+}
+
+/* T's arrays for N table entries (new ones zero). */
+static int resize_arrays(struct qcow2dev *q, struct tracked *t, uint32_t n) {
+  uint64_t *table = realloc(t->table, (size_t)n * 8);
+  if (table)
+    t->table = table;
+  uint64_t *bits = table ? realloc(t->bits, (size_t)n * q->csize) : NULL;
+  if (bits)
+    t->bits = bits;
+  uint8_t *touched = bits ? realloc(t->touched, n) : NULL;
+  if (!touched)
+    return -ENOMEM;
+  t->touched = touched;
+  if (n > t->size) {
+    memset(t->table + t->size, 0, (size_t)(n - t->size) * 8);
+    memset((uint8_t *)t->bits + (size_t)t->size * q->csize, 0,
+           (size_t)(n - t->size) * q->csize);
+    memset(t->touched + t->size, 0, n - t->size);
+  }
+  return 0;
+}
+
+/* Bits of T at and past N cleared in memory. */
+static void clear_from(struct qcow2dev *q, struct tracked *t, uint64_t n) {
+  uint64_t words = (uint64_t)t->size * q->csize / 8;
+  for (uint64_t w = n / 64; w < words; w++)
+    t->bits[w] &= w == n / 64 ? (1ull << (n % 64)) - 1 : 0;
+}
+
+/* A new table of N entries for T, at the end of the image. */
+static int move_table(struct qcow2dev *q, struct qcow2_bitmaps *bm,
+                      struct tracked *t, uint32_t n) {
+  uint64_t old_bytes = (uint64_t)t->size * 8, bytes = (uint64_t)n * 8;
+  old_bytes = (old_bytes + q->csize - 1) / q->csize * q->csize;
+  uint64_t nclusters = (bytes + q->csize - 1) / q->csize;
+  pthread_mutex_lock(&q->meta);
+  uint64_t off = q->alloc_end;
+  q->alloc_end += nclusters * q->csize; /* contiguous */
+  int r = 0;
+  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
+    r = qcow2_rc_update(q, (off >> q->h.cluster_bits) + c, 1);
+  if (r == 0)
+    r = qcow2_guard_mark(q, QCOW2_OL_BITMAPS, off, nclusters * q->csize);
+  pthread_mutex_unlock(&q->meta);
+  if (r == 0)
+    r = add_stale(bm, t->table_off, old_bytes);
+  if (r < 0)
+    return r;
+  t->table_off = off;
+  t->moved = true;
+  uint8_t *e = bm->raw + t->b->dir_pos;
+  put_be64(e, off);
+  put_be32(e + 8, n);
+  return 0;
+}
+
+static int resize_one(struct qcow2dev *q, struct qcow2_bitmaps *bm,
+                      struct tracked *t, uint64_t size) {
+  unsigned g = t->b->granularity_bits;
+  uint64_t n = qcow2_bitmap_table_entries(size, g, q->h.cluster_bits);
+  if (n > QCOW2_BITMAP_MAX_TABLE || n * q->csize > QCOW2_BITMAP_MAX_BYTES) {
+    bd_set_error("qcow2 %s: bitmap '%s' would be too large for %llu bytes",
+                 q->path, t->b->name, (unsigned long long)size);
+    return -EFBIG;
+  }
+  int r = 0;
+  /* Data clusters past the new end go with the old table. */
+  for (uint64_t c = n; r == 0 && c < t->size; c++)
+    if (t->table[c] & QCOW2_OFFSET_MASK)
+      r = add_stale(bm, t->table[c] & QCOW2_OFFSET_MASK, q->csize);
+  if (r == 0 && n != t->size)
+    r = move_table(q, bm, t, (uint32_t)n);
+  if (r == 0 && n > t->size)
+    r = resize_arrays(q, t, (uint32_t)n);
+  if (r < 0)
+    return r;
+  t->size = (uint32_t)n; /* a smaller array keeps its room */
+  uint64_t old_bits = t->nbits;
+  t->nbits = nbits_for(size, g);
+  uint64_t cut = old_bits < t->nbits ? old_bits : t->nbits, per = q->csize * 8;
+  clear_from(q, t, cut);
+  if (cut < t->zero_from)
+    t->zero_from = cut;
+  if (cut / per < t->size && t->table[cut / per])
+    t->touched[cut / per] = 1; /* its tail is cleared at close */
+  return 0;
+}
+
+int qcow2_bitmaps_resize(struct qcow2dev *q, uint64_t size) {
+  struct qcow2_bitmaps *bm = q->bitmaps;
+  int r = 0;
+  for (uint32_t i = 0; bm && r == 0 && i < bm->nt; i++)
+    r = resize_one(q, bm, &bm->t[i], size);
+  return r; /* the grown area is clean, as qemu-img resize leaves it */
 }

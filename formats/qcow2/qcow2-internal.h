@@ -162,6 +162,12 @@ int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
 int qcow2_bitmaps_open(struct qcow2dev *q);
 void qcow2_bitmaps_mark(struct qcow2dev *q, uint64_t off, uint64_t len);
 void qcow2_bitmaps_close(struct qcow2dev *q, bool store);
+/* Resizing (resize.c).  Before anything changes: refuse when a bitmap is
+ * inconsistent (as QEMU does), and take the disabled ones into tracking,
+ * since their tables must follow the size too.  After the new size is
+ * written: every table follows it, stored at close. */
+int qcow2_bitmaps_prepare_resize(struct qcow2dev *q);
+int qcow2_bitmaps_resize(struct qcow2dev *q, uint64_t size);
 
 /* Segments of a request on the data file for the ring (core/uring.h):
  * neighbours on the file and in memory merge. */

@@ -10,7 +10,10 @@
  *           the size comes last.
  *   shrink: the clusters past the new end are unmapped and their L2 tables
  *           dropped (durable), then the size is written, then the file is
- *           cut after its last used cluster. */
+ *           cut after its last used cluster.
+ * Persistent bitmaps are in use (inconsistent, as after a crash) from
+ * before the first step until they are stored, resized, at close
+ * (dirty-bitmaps.c). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +159,15 @@ static int preallocate(struct bd *bd, uint64_t from, uint64_t size,
   return r < 0 ? fail(q, r, "preallocating") : 0;
 }
 
+/* Persistent bitmaps follow the size once it is durable; they stay in use
+ * (inconsistent) on disk until the image is closed. */
+static int resize_bitmaps(struct qcow2dev *q, uint64_t size) {
+  int r = qcow2_bitmaps_resize(q, size);
+  if (r < 0 && r != -EFBIG) /* -EFBIG comes with its reason */
+    fail(q, r, "resizing the persistent bitmaps");
+  return r;
+}
+
 static int grow(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
   struct qcow2dev *q = bd->priv;
   uint64_t old = q->h.size;
@@ -169,7 +181,9 @@ static int grow(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
     r = preallocate(bd, old, size, pa);
   if (r == 0)
     r = qcow2_flush(bd);
-  return r == 0 ? write_size(q, size) : r;
+  if (r == 0)
+    r = write_size(q, size);
+  return r == 0 ? resize_bitmaps(q, size) : r;
 }
 
 /* Unmap every cluster wholly past SIZE, skipping L1 entries with no table,
@@ -212,6 +226,8 @@ static int shrink(struct bd *bd, uint64_t size) {
   if (r == 0)
     r = write_size(q, size);
   if (r == 0)
+    r = resize_bitmaps(q, size);
+  if (r == 0)
     r = size_data_file(q, size);
   return r == 0 ? cut_file(q) : r;
 }
@@ -222,15 +238,9 @@ int qcow2_resize(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
     bd_set_error("qcow2 %s: the new size must be a multiple of 512", q->path);
     return -EINVAL;
   }
-  /* Their tables are sized for the old size (qemu resizes them too; we
-   * refuse rather than leave them wrong). */
-  if (q->bitmaps || q->h.bitmaps_nb) {
-    bd_set_error("qcow2 %s: cannot resize an image with persistent dirty "
-                 "bitmaps (remove them with qemu-img bitmap --remove)",
-                 q->path);
-    return -ENOTSUP;
-  }
-  int r = qcow2_flush(bd);
+  int r = qcow2_bitmaps_prepare_resize(q);
+  if (r == 0)
+    r = qcow2_flush(bd);
   if (r == 0 && size > q->h.size)
     r = grow(bd, size, pa);
   else if (r == 0 && size < q->h.size)

@@ -7,7 +7,9 @@
 # --preallocation; each result checked by qemu-img check and compared with
 # qemu-img's.  What a grown image shows is zeroes (also over a longer
 # backing file, and over the old tail of a shrunken cluster).  Errors: no
-# --shrink, sizes that are not, persistent bitmaps, an image in use.  And
+# --shrink, sizes that are not, an inconsistent bitmap, an image in use.
+# Persistent bitmaps, enabled and disabled, follow the size as qemu-img's
+# do (their contents compared through qemu-nbd's dirty-bitmap context).  And
 # crash safety: the process stopped at every one of its I/Os in turn
 # (BLOCKPORT_FAULTS) leaves an image that qemu-img check finds consistent,
 # with the data below both sizes intact.
@@ -137,9 +139,13 @@ refuse "expected an image and a size" e.qcow2
 refuse "nosuch.qcow2" nosuch.qcow2 1M
 refuse "preallocation" --preallocation=sometimes e.qcow2 8M
 refuse "growing only" --shrink --preallocation=full e.qcow2 1M
+# An inconsistent bitmap (left in use by a process that died) is refused,
+# as qemu-img refuses it.
 run qemu-img bitmap --add e.qcow2 bm0
+qemu-io -c "write 0 4k" -c "sigraise 9" e.qcow2 >/dev/null 2>&1 || true
+qemu-img info e.qcow2 | grep -q "in-use" || fail "qemu-io left no bitmap in use"
 cp e.qcow2 e0.qcow2
-refuse "persistent dirty bitmaps" e.qcow2 8M
+refuse "bitmap 'bm0' is inconsistent and cannot be used" e.qcow2 8M
 run qemu-img bitmap --remove e.qcow2 bm0
 cp e.qcow2 e0.qcow2
 start_server e.qcow2
@@ -147,6 +153,83 @@ refuse "lock" e.qcow2 8M
 stop_server
 "$BLOCKPORT" resize nbd://localhost:1/x 8M 2>err && fail "an NBD URI was resized"
 ok "refused"
+
+# bitmaps FILE: each bitmap's dirty map (qemu-nbd -B, nbdinfo --map), and
+# its name, granularity and flags.
+bitmaps() {
+    local f=$1 n
+    qemu-img info --output=json "$f" | "$PY" -c '
+import json, sys
+for b in json.load(sys.stdin)["format-specific"]["data"].get("bitmaps", []):
+    print(b["name"], b["granularity"], ",".join(b["flags"]))'
+    for n in $(qemu-img info --output=json "$f" | "$PY" -c '
+import json, sys
+for b in json.load(sys.stdin)["format-specific"]["data"].get("bitmaps", []):
+    print(b["name"])'); do
+        rm -f qn.sock qn.pid
+        qemu-nbd -r -f qcow2 -B "$n" -k "$T/qn.sock" --pid-file="$T/qn.pid" "$f" &
+        local pid=$!
+        track_pid "$pid"
+        wait_file 10 "$T/qn.pid" "$pid" || fail "qemu-nbd did not start"
+        # Retried: the pid file may come before the socket listens.
+        wait_until 10 nbdinfo --map="qemu:dirty-bitmap:$n" \
+            "nbd+unix:///?socket=$T/qn.sock" 2>nbdinfo.err ||
+            { cat nbdinfo.err; fail "nbdinfo --map of bitmap $n"; }
+        kill "$pid"
+        wait "$pid" 2>/dev/null || true
+    done
+}
+
+# both_bitmaps FILE STEPS...: each step a size, "-SIZE" for --shrink SIZE;
+# blockport and qemu-img resize copies of FILE; the images must check
+# clean and keep the same data and the same bitmaps.
+both_bitmaps() {
+    local f=$1 step
+    shift
+    cp "$f" b-bp.qcow2
+    cp "$f" b-q.qcow2
+    for step in "$@"; do
+        local o=()
+        [[ $step == -* ]] && o=(--shrink) && step=${step#-}
+        run qemu-img resize -q "${o[@]}" b-q.qcow2 "$step" || fail "qemu-img resize $step"
+        run "$BLOCKPORT" resize -q "${o[@]}" b-bp.qcow2 "$step" || fail "resize $step"
+    done
+    run qemu-img check -q b-bp.qcow2 || fail "resize $*: qemu-img check"
+    run qemu-img compare -q b-bp.qcow2 b-q.qcow2 || fail "resize $*: data differs"
+    bitmaps b-q.qcow2 >want || fail "bitmaps of qemu-img's copy"
+    bitmaps b-bp.qcow2 >got || fail "bitmaps of blockport's copy"
+    diff want got || fail "resize $*: bitmaps differ from qemu-img's"
+}
+
+check "persistent bitmaps follow the size, as qemu-img's"
+if command -v qemu-nbd >/dev/null && command -v nbdinfo >/dev/null; then
+    # 64 KiB clusters: an enabled bitmap, and a disabled one holding bits.
+    run qemu-img create -q -f qcow2 bm.qcow2 64M
+    run qemu-img bitmap --add -g 65536 bm.qcow2 on
+    run qemu-img bitmap --add -g 131072 bm.qcow2 off
+    run qemu-io -c "write -P 1 0 1M" -c "write -P 2 60M 4M" -c "write -P 3 63M 100k" bm.qcow2 >/dev/null
+    run qemu-img bitmap --disable bm.qcow2 off
+    run qemu-io -c "write -P 4 30M 64k" bm.qcow2 >/dev/null
+    bitmaps bm.qcow2 >maps || fail "bitmaps of the test image"
+    [[ $(grep -c " dirty" maps) -ge 2 ]] || fail "the test image's bitmaps hold no bits"
+    both_bitmaps bm.qcow2 +10M
+    both_bitmaps bm.qcow2 -40M
+    # Ends inside a bit and inside a data cluster; bits past them cleared.
+    both_bitmaps bm.qcow2 -63500K
+    both_bitmaps bm.qcow2 -1M 64M
+    both_bitmaps bm.qcow2 +3G
+    # 512-byte clusters: tables over several clusters move, data clusters
+    # past the end are freed.
+    run qemu-img create -q -f qcow2 -o cluster_size=512 bs.qcow2 256M
+    run qemu-img bitmap --add -g 512 bs.qcow2 fine
+    run qemu-io -c "write -P 5 0 64k" -c "write -P 6 255M 1M" -c "write 100M 3k" bs.qcow2 >/dev/null
+    both_bitmaps bs.qcow2 +100M
+    both_bitmaps bs.qcow2 -1M
+    both_bitmaps bs.qcow2 -200M +56M
+    ok "bitmaps as qemu-img leaves them"
+else
+    skip_case "qemu-nbd or nbdinfo missing"
+fi
 
 # crash_at OPTS SIZE WRITES ARGS...: for N = 0, 1, ...: a fresh image of
 # SIZE made with OPTS, 1 MiB of pattern at 0 and the qemu-io WRITES, then
@@ -159,6 +242,7 @@ crash_at() {
     while :; do
         rm -f c.qcow2
         run qemu-img create -q -f qcow2 -o "$opts" c.qcow2 "$size"
+        [[ -z ${CRASH_BITMAP:-} ]] || run qemu-img bitmap --add -g 512 c.qcow2 bm
         run qemu-io -c "write -P 4 0 1M" -c "$writes" c.qcow2 >/dev/null
         rc=0
         BLOCKPORT_FAULTS="op=any,after=$n" "$BLOCKPORT" resize -q "$@" >/dev/null 2>err || rc=$?
@@ -181,4 +265,7 @@ crash_at cluster_size=4096 2M "write -P 4 1M 4k" c.qcow2 3G
 # Clusters unmapped and an L2 table (2 MiB of 4 KiB clusters) dropped.
 crash_at cluster_size=4096 4M "write -P 4 3M 64k" --shrink c.qcow2 1M
 crash_at cluster_size=16k,extended_l2=on 2M "write -P 4 1M 4k" c.qcow2 1G
+# With a persistent bitmap whose table moves (512-byte clusters).
+CRASH_BITMAP=1 crash_at cluster_size=512 1M "write -P 4 512k 4k" c.qcow2 2M
+CRASH_BITMAP=1 crash_at cluster_size=512 2M "write -P 4 1536k 4k" --shrink c.qcow2 1M
 ok "consistent at every step"
