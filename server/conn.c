@@ -777,6 +777,11 @@ static void transmission(struct conn *c) {
     bool want_out = c->send_blocked && !c->dead;
     bool idle = c->inflight == 0 && want_in && !want_out;
     c->waiting = true;
+    /* A reply that frees budget changes nothing for a thread that reads
+     * anyway: waking it would cost a write and a context switch per batch
+     * of replies.  It matters when the budget, the end of the connection or
+     * the idle timer (which starts when the last reply goes) holds it. */
+    c->wake_on_release = !want_in || c->held || c->srv->limits.idle_ms;
     pthread_mutex_unlock(&c->lock);
     int idle_left = idle ? idle_time_left(c) : -1;
     if (idle_left == 0) {

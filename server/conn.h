@@ -92,12 +92,13 @@ struct conn {
   bool batched; /* ... and it is a source's completion batch, which
                  * sends at its end (batch_hook) */
   struct bd_batch_hook batch_hook;
-  bool send_blocked; /* the socket is full: wait for POLLOUT */
-  bool dead;         /* the socket failed: drop replies */
-  bool waiting;      /* the connection thread wants a wake-up */
-  unsigned spin;     /* reads to try before sleeping (spin_read()) */
-  bool transmitting; /* past the handshake */
-  bool closing;      /* server shutdown: new requests get ESHUTDOWN */
+  bool send_blocked;    /* the socket is full: wait for POLLOUT */
+  bool dead;            /* the socket failed: drop replies */
+  bool waiting;         /* the connection thread wants a wake-up */
+  bool wake_on_release; /* ... also when a finished request frees budget */
+  unsigned spin;        /* reads to try before sleeping (spin_read()) */
+  bool transmitting;    /* past the handshake */
+  bool closing;         /* server shutdown: new requests get ESHUTDOWN */
 };
 
 /* send.c */

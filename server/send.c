@@ -45,7 +45,8 @@ void conn_release_locked(struct conn *c, struct nreq *n) {
   }
   n->next = c->freelist;
   c->freelist = n;
-  conn_wake_locked(c);
+  if (c->wake_on_release)
+    conn_wake_locked(c);
 }
 
 static int gather(struct conn *c, struct iovec *iov) {
