@@ -48,6 +48,7 @@
   X(rbd_open)                                                                  \
   X(rbd_open_read_only)                                                        \
   X(rbd_poll_io_events)                                                        \
+  X(rbd_resize)                                                                \
   X(rbd_set_image_notification)                                                \
   X(rbd_snap_get_timestamp)                                                    \
   X(rbd_snap_list)                                                             \
@@ -100,6 +101,7 @@ int rbd_lib_load(void);
 #define rbd_open (rbd_lib.rbd_open)
 #define rbd_open_read_only (rbd_lib.rbd_open_read_only)
 #define rbd_poll_io_events (rbd_lib.rbd_poll_io_events)
+#define rbd_resize (rbd_lib.rbd_resize)
 #define rbd_set_image_notification (rbd_lib.rbd_set_image_notification)
 #define rbd_snap_get_timestamp (rbd_lib.rbd_snap_get_timestamp)
 #define rbd_snap_list (rbd_lib.rbd_snap_list)

@@ -297,11 +297,29 @@ static void rbd_close_dev(struct bd *bd) {
   free_dev(bd->priv);
 }
 
+/* As QEMU's rbd driver: the size changes in the image header, which
+ * takes no space; there is nothing to preallocate ahead of the writes. */
+static int rbd_resize_dev(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
+  struct rbd_dev *d = bd->priv;
+  if (pa != BD_PREALLOC_OFF) {
+    bd_set_error("rbd %s: an RBD image takes no preallocation", d->name);
+    return -ENOTSUP;
+  }
+  int r = rbd_resize(d->img, size);
+  if (r < 0) {
+    bd_set_error("rbd %s: resizing to %llu bytes: %s", d->name,
+                 (unsigned long long)size, strerror(-r));
+    return r;
+  }
+  return 0;
+}
+
 static const struct bd_ops rbd_ops = {
     .name = "rbd",
     .submit = rbd_submit,
     .extents = rbd_extents,
     .close = rbd_close_dev,
+    .resize = rbd_resize_dev,
 };
 
 /* The address of the lock's owner as librbd names it, or "an unknown

@@ -5,7 +5,8 @@
 # (object size, refusals), info (as qemu-img info shows it, plus RBD's
 # features and snapshots), convert file -> RBD (sparse, -p), RBD -> raw and
 # qcow2, RBD -> RBD, each compared with the source and with qemu-img
-# convert's result; map as qemu-img map; an RBD export in --config.  Skips (77) only without the Ceph packages or
+# convert's result; map as qemu-img map; resize as qemu-img resize; an
+# RBD export in --config.  Skips (77) only without the Ceph packages or
 # qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io rbd script
@@ -187,6 +188,49 @@ run "$BLOCKPORT" map "rbd:$P/v3" >"$T/bmap.txt" || fail "map (human)"
 grep -qE "^0x3000000 +0x800000 +0x3000000 +rbd:$P/v3" "$T/bmap.txt" ||
     fail "human map: $(cat "$T/bmap.txt")"
 ok "same ranges; human output names the image"
+
+check "resize grows and shrinks an RBD image as qemu-img resize does"
+rbd_size() { rbd info --format json "$P/$1" | json_field /dev/stdin 'j["size"]'; }
+run "$BLOCKPORT" create "rbd:$P/r1" 16M >/dev/null || fail "create r1"
+run qemu-io -f raw -c 'write -P 0x5a 14M 2M' "rbd:$P/r1" >/dev/null ||
+    fail "qemu-io write r1"
+run "$BLOCKPORT" resize "rbd:$P/r1" +16M >"$T/out" || fail "resize +16M"
+grep -qx "Image resized." "$T/out" || fail "resize printed: $(cat "$T/out")"
+[[ $(rbd_size r1) == 33554432 ]] || fail "size after +16M: $(rbd_size r1)"
+run qemu-io -f raw -c 'read -P 0x5a 14M 2M' -c 'read -P 0 16M 16M' \
+    "rbd:$P/r1" >"$T/qio.out" || fail "qemu-io read r1"
+! grep -q "Pattern verification failed" "$T/qio.out" ||
+    fail "after growing: $(cat "$T/qio.out")"
+# Refused, each leaving the size alone: a shrink without --shrink, a
+# preallocation (as QEMU's rbd driver), a snapshot, an image in use.
+if run "$BLOCKPORT" resize "rbd:$P/r1" 8M >"$T/out" 2>&1; then
+    fail "a shrink without --shrink succeeded"
+fi
+grep -q -- "--shrink" "$T/out" || fail "shrink refusal: $(cat "$T/out")"
+if run "$BLOCKPORT" resize --preallocation=full "rbd:$P/r1" +1M \
+    >"$T/out" 2>&1; then
+    fail "--preallocation=full on RBD succeeded"
+fi
+grep -q "preallocation" "$T/out" || fail "prealloc refusal: $(cat "$T/out")"
+run rbd snap create "$P/r1@s" >/dev/null 2>&1 || fail "rbd snap create r1@s"
+if run "$BLOCKPORT" resize "rbd:$P/r1@s" +1M >"$T/out" 2>&1; then
+    fail "resizing a snapshot succeeded"
+fi
+grep -q "read-only" "$T/out" || fail "snapshot refusal: $(cat "$T/out")"
+start_server "rbd:$P/r1"
+if run "$BLOCKPORT" resize "rbd:$P/r1" +1M >"$T/out" 2>&1; then
+    fail "resizing a served image succeeded"
+fi
+grep -q "exclusive lock" "$T/out" || fail "in-use refusal: $(cat "$T/out")"
+stop_server
+[[ $(rbd_size r1) == 33554432 ]] || fail "a refusal changed the size"
+run "$BLOCKPORT" resize --shrink "rbd:$P/r1" 15728640 >/dev/null ||
+    fail "resize --shrink"
+[[ $(rbd_size r1) == 15728640 ]] || fail "size after shrink: $(rbd_size r1)"
+run qemu-io -f raw -c 'read -P 0x5a 14M 1M' "rbd:$P/r1" >"$T/qio.out" &&
+    ! grep -q "Pattern verification failed" "$T/qio.out" ||
+    fail "a byte before the new end changed"
+ok "grown (zeroes added), shrunk with --shrink, refusals leave it alone"
 
 check "an export in --config whose path is rbd:POOL/IMAGE"
 mkdir -p "$T/conf"
