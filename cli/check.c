@@ -11,6 +11,7 @@
 #include "formats/formats.h"
 #include "formats/probe.h"
 #include "formats/qcow2/check.h"
+#include "formats/rbd-spec.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -172,6 +173,13 @@ int check_main(int argc, char **argv) {
     cli_error("check", path,
               "an NBD export shows only its guest data, no image metadata "
               "to check (check the image on the server)");
+    return 63;
+  }
+  if (rbd_spec_matches(path)) {
+    /* qemu-img: "This image format does not support checks", also 63. */
+    cli_error("check", path,
+              "an RBD image is raw: it has no image metadata to check "
+              "(rbd object-map check checks RBD's own)");
     return 63;
   }
   int r = image_format(path, fmt);

@@ -5,7 +5,7 @@
 # (object size, refusals), info (as qemu-img info shows it, plus RBD's
 # features and snapshots), convert file -> RBD (sparse, -p), RBD -> raw and
 # qcow2, RBD -> RBD, each compared with the source and with qemu-img
-# convert's result; map as qemu-img map; resize as qemu-img resize; an
+# convert's result; map as qemu-img map; resize and check as qemu-img's; an
 # RBD export in --config.  Skips (77) only without the Ceph packages or
 # qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
@@ -231,6 +231,14 @@ run qemu-io -f raw -c 'read -P 0x5a 14M 1M' "rbd:$P/r1" >"$T/qio.out" &&
     ! grep -q "Pattern verification failed" "$T/qio.out" ||
     fail "a byte before the new end changed"
 ok "grown (zeroes added), shrunk with --shrink, refusals leave it alone"
+
+check "check says an RBD image has no metadata to check, as qemu-img check"
+q=0 b=0
+run qemu-img check "rbd:$P/r1" >/dev/null 2>&1 || q=$?
+run "$BLOCKPORT" check "rbd:$P/r1" >"$T/out" 2>&1 || b=$?
+[[ $b == 63 && $q == 63 ]] || fail "exit status $b (qemu-img: $q)"
+grep -q "no image metadata" "$T/out" || fail "check said: $(cat "$T/out")"
+ok "exit status 63, as qemu-img's"
 
 check "an export in --config whose path is rbd:POOL/IMAGE"
 mkdir -p "$T/conf"
