@@ -25,7 +25,7 @@ static const struct command {
     {"convert", convert_main,
      "copy an image into a new raw or qcow2 file or RBD image"},
     {"compare", compare_main, "whether two images hold the same bytes"},
-    {"resize", resize_main, "grow or shrink a raw or qcow2 image"},
+    {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
 };
 
 static void usage(FILE *f) {

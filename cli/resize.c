@@ -17,9 +17,10 @@
 static const char resize_usage[] =
     "Usage: blockport resize [-f FMT] [--preallocation=MODE] [-q] [--shrink]\n"
     "                        FILENAME [+|-]SIZE\n"
-    "Change the virtual size of a raw or qcow2 image to SIZE, or by +SIZE or\n"
-    "-SIZE (qemu-img resize).  What is added reads as zeroes.  Making an\n"
-    "image smaller deletes the data past its new end, so it needs --shrink.\n"
+    "Change the virtual size of a raw or qcow2 image, or of an RBD image\n"
+    "(rbd:POOL/IMAGE), to SIZE, or by +SIZE or -SIZE (qemu-img resize).\n"
+    "What is added reads as zeroes.  Making an image smaller deletes the\n"
+    "data past its new end, so it needs --shrink.\n"
     "\n"
     "  -f, --format FMT       format of FILENAME (default: probed)\n"
     "  --preallocation=MODE   space for what is added: off (default),\n"
