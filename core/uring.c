@@ -226,8 +226,19 @@ static unsigned reap(struct ring *r) {
 static int ring_init(struct ring *r, bool shared) {
   memset(r, 0, sizeof *r);
   /* SUBMIT_ALL: an entry the kernel refuses (it completes with the error)
-   * does not hold back the ones after it. */
-  int e = io_uring_queue_init(RING_ENTRIES, &r->u, IORING_SETUP_SUBMIT_ALL);
+   * does not hold back the ones after it.  COOP_TASKRUN, a poller's own
+   * ring only: a completion does not interrupt the thread with an IPI
+   * (a VM exit under virtualisation) while it runs; the thread posts it at
+   * its next system call, which a poller makes all the time, and is still
+   * woken when asleep.  The shared ring's requests complete in the
+   * submitting threads' context, which may block without a system call
+   * the ring sees, so it keeps the interrupt. */
+  unsigned flags = IORING_SETUP_SUBMIT_ALL;
+  if (!shared)
+    flags |= IORING_SETUP_COOP_TASKRUN;
+  int e = io_uring_queue_init(RING_ENTRIES, &r->u, flags);
+  if (e == -EINVAL && (flags & IORING_SETUP_COOP_TASKRUN))
+    e = io_uring_queue_init(RING_ENTRIES, &r->u, IORING_SETUP_SUBMIT_ALL);
   if (e == -EINVAL)
     e = io_uring_queue_init(RING_ENTRIES, &r->u, 0);
   if (e < 0)
