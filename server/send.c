@@ -137,6 +137,7 @@ static void drain_locked(struct conn *c) {
       log_info("connection %u (%s): send failed: %s; dropping replies", c->id,
                c->peer, strerror(e));
       c->dead = true;
+      conn_wake_locked(c); /* to stop reading, whatever its socket shows */
     }
   }
   if (c->dead)
