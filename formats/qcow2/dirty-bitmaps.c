@@ -442,14 +442,9 @@ static int move_table(struct qcow2dev *q, struct qcow2_bitmaps *bm,
   uint64_t old_bytes = (uint64_t)t->size * 8, bytes = (uint64_t)n * 8;
   old_bytes = (old_bytes + q->csize - 1) / q->csize * q->csize;
   uint64_t nclusters = (bytes + q->csize - 1) / q->csize;
+  uint64_t off;
   pthread_mutex_lock(&q->meta);
-  uint64_t off = q->alloc_end;
-  q->alloc_end += nclusters * q->csize; /* contiguous */
-  int r = 0;
-  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
-    r = qcow2_rc_update(q, (off >> q->h.cluster_bits) + c, 1);
-  if (r == 0)
-    r = qcow2_guard_mark(q, QCOW2_OL_BITMAPS, off, nclusters * q->csize);
+  int r = qcow2_alloc_contiguous(q, nclusters, QCOW2_OL_BITMAPS, &off);
   pthread_mutex_unlock(&q->meta);
   if (r == 0)
     r = add_stale(bm, t->table_off, old_bytes);

@@ -147,6 +147,12 @@ int qcow2_rc_init_check(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
+/* NCLUSTERS adjacent clusters at the end of the image for a table that
+ * must not be split (an L1 or bitmap table), referenced and marked as
+ * metadata of KIND (overlap.h) in the guard.  *HOST is set even on
+ * failure: at worst the range leaks. */
+int qcow2_alloc_contiguous(struct qcow2dev *q, uint64_t nclusters,
+                           unsigned kind, uint64_t *host);
 /* *END: the end of the last cluster with a reference (0 if none). */
 int qcow2_rc_used_end(struct qcow2dev *q, uint64_t *end);
 /* After a failed metadata write the image's state in memory may differ

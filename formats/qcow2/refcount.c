@@ -245,6 +245,19 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
   return 0;
 }
 
+int qcow2_alloc_contiguous(struct qcow2dev *q, uint64_t nclusters,
+                           unsigned kind, uint64_t *host) {
+  uint64_t h = q->alloc_end, bytes = nclusters * q->csize;
+  q->alloc_end += bytes;
+  int r = qcow2_guard_mark(q, kind, h, bytes);
+  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
+    r = qcow2_rc_update(q, (h >> q->h.cluster_bits) + c, 1);
+  if (q->alloc_end > q->file_size)
+    q->file_size = q->alloc_end;
+  *host = h;
+  return r;
+}
+
 /* Drop one reference to each cluster [host, host+len) touches; clusters
  * that become free are punched out of the file. */
 int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {

@@ -68,15 +68,9 @@ static int grow_l1(struct qcow2dev *q, uint64_t n) {
   uint8_t *buf = calloc(1, bytes);
   int r = l1 && buf ? 0 : -ENOMEM;
   pthread_mutex_lock(&q->meta);
-  uint64_t t = q->alloc_end;
-  if (r == 0) {
-    q->alloc_end += bytes; /* contiguous, as refcount.c grows its table */
-    r = qcow2_guard_mark(q, QCOW2_OL_ACTIVE_L1, t, bytes);
-  }
-  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
-    r = qcow2_rc_update(q, (t >> q->h.cluster_bits) + c, 1);
-  if (r == 0 && q->alloc_end > q->file_size)
-    q->file_size = q->alloc_end;
+  uint64_t t = 0;
+  if (r == 0)
+    r = qcow2_alloc_contiguous(q, nclusters, QCOW2_OL_ACTIVE_L1, &t);
   for (uint64_t i = 0; r == 0 && i < q->h.l1_size; i++) {
     l1[i] = q->l1[i];
     put_be64(buf + i * 8, l1[i]);
