@@ -14,7 +14,10 @@
 #            iodepth 64 in both rows: four librbd clients on one image
 #            would pass its exclusive lock back and forth.
 # The servers alternate ROUNDS times; then means and ratios, and the
-# largest resident set of the blockport process (VmHWM).
+# largest resident set of the blockport process (VmHWM).  This cluster's
+# speed drifts by tens of per cent within minutes, so the ratios are also
+# taken round by round, between runs minutes apart, and their median
+# printed: a slow round then moves every server of that round alike.
 #
 # RBD_BENCH_PIN=1 gives the cluster's daemons CPU 0 and everything else
 # (fio, the servers) the other CPUs: a gateway whose OSDs run elsewhere,
@@ -62,7 +65,7 @@ fio_job "$W/rbd.fio" ioengine=rbd pool=rbd "rbdname=$IMG" clientname=admin
 
 SERVERS=(blockport qemu-nbd fio-rbd)
 CONNS=(1 4)
-declare -A SUM
+declare -A SUM IOPS
 for s in "${SERVERS[@]}"; do for c in "${CONNS[@]}"; do SUM[$s,$c]=0; done; done
 HWM=0
 
@@ -87,6 +90,7 @@ one() {
     fio-rbd) fio_run "$W/rbd.fio" ;;
   esac
   SUM[$s,$c]=$((SUM[$s,$c] + FIO_IOPS))
+  IOPS[$s,$c,$r]=$FIO_IOPS
   printf 'round %d %-10s %d conn %8s IOPS\n' "$r" "$s" "$c" "$FIO_IOPS"
 }
 
@@ -112,5 +116,23 @@ for c in "${CONNS[@]}"; do
     $((SUM[qemu-nbd,$c] / ROUNDS)) $((SUM[fio-rbd,$c] / ROUNDS)) \
     "$(ratio "${SUM[blockport,$c]}" "${SUM[qemu-nbd,$c]}")" \
     "$(ratio "${SUM[blockport,$c]}" "${SUM[fio-rbd,$c]}")"
+done
+
+# The ratio of $1 to $2 at $3 connections in each round, then their median.
+per_round() {
+  local r list=()
+  for r in $(seq "$ROUNDS"); do
+    list+=("$(ratio "${IOPS[$1,$3,$r]}" "${IOPS[$2,$3,$r]}")")
+  done
+  printf '%s ' "${list[@]}"
+  printf '%s\n' "${list[@]}" | sort -n |
+    awk '{v[NR] = $1} END {
+      m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      printf "(median %.2f)", m }'
+}
+echo "round by round:"
+for c in "${CONNS[@]}"; do
+  echo "  $c conn bp/qemu-nbd $(per_round blockport qemu-nbd "$c")"
+  echo "  $c conn bp/fio-rbd  $(per_round blockport fio-rbd "$c")"
 done
 echo "blockport serve: largest resident set $((HWM / 1024)) MiB"
