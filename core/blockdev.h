@@ -229,9 +229,10 @@ void bd_export_list_free(struct bd_export_list *l);
  *   directsync    bypassed        FUA           fdatasync
  *   unsafe        used            as asked      ignored
  *
- * "Bypassed" is O_DIRECT for a local file; a source without a page cache
- * in this process (NBD, RBD, a plugin, memory) has nothing to bypass.  The
- * FUA and flush columns apply to every source, in bd_submit(). */
+ * "Bypassed" is O_DIRECT for a local file and librbd's cache turned off
+ * for RBD (as QEMU's rbd driver does); a source without a cache in this
+ * process (NBD, a plugin, memory) has nothing to bypass.  The FUA and
+ * flush columns apply to every source, in bd_submit(). */
 enum bd_cache {
   BD_CACHE_WRITEBACK,
   BD_CACHE_NONE,

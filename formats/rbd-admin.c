@@ -31,7 +31,7 @@ static int connect_spec(const char *spec, unsigned timeout, struct rbd_spec *s,
   if (rbd_spec_parse(spec, s) < 0)
     return -EINVAL;
   rbd_spec_name(s, name, len);
-  int r = rbd_cluster_connect(s, timeout, name, c);
+  int r = rbd_cluster_connect(s, timeout, false, name, c);
   if (r < 0)
     rbd_spec_free(s);
   return r;

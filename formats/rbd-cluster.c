@@ -25,7 +25,7 @@ static int set_timeouts(rados_t c, unsigned timeout) {
   return 0;
 }
 
-static int configure(const struct rbd_spec *s, unsigned timeout,
+static int configure(const struct rbd_spec *s, unsigned timeout, bool nocache,
                      const char *name, rados_t c) {
   int r = rados_conf_read_file(c, s->conf);
   if (r < 0 && (s->conf || r != -ENOENT)) {
@@ -34,8 +34,12 @@ static int configure(const struct rbd_spec *s, unsigned timeout,
                  strerror(-r));
     return r;
   }
+  /* librbd's own cache is what --cache none bypasses, as QEMU's rbd
+   * driver does; otherwise the configuration decides.  An rbd_cache in
+   * the spec, set below, still wins. */
   if ((r = rados_conf_parse_env(c, NULL)) < 0 ||
-      (timeout && (r = set_timeouts(c, timeout)) < 0)) {
+      (timeout && (r = set_timeouts(c, timeout)) < 0) ||
+      (nocache && (r = rados_conf_set(c, "rbd_cache", "false")) < 0)) {
     bd_set_error("rbd %s: cannot configure librados: %s", name, strerror(-r));
     return r;
   }
@@ -84,7 +88,7 @@ static int check_fsid(const struct rbd_spec *s, const char *name, rados_t c) {
 }
 
 int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
-                        const char *name, struct rbd_cluster *c) {
+                        bool nocache, const char *name, struct rbd_cluster *c) {
   c->io = NULL;
   c->cluster = NULL;
   int r = rbd_lib_load();
@@ -97,7 +101,7 @@ int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
     c->cluster = NULL;
     return r;
   }
-  if ((r = configure(s, timeout, name, c->cluster)) < 0)
+  if ((r = configure(s, timeout, nocache, name, c->cluster)) < 0)
     goto fail;
   if ((r = rados_connect(c->cluster)) < 0) {
     bd_set_error("rbd %s: cannot connect to the Ceph cluster: %s", name,

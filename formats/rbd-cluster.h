@@ -16,8 +16,10 @@ struct rbd_cluster {
  * $CEPH_CONF or /etc/ceph/ceph.conf) and opens S's pool and namespace.
  * TIMEOUT seconds bound every monitor and OSD operation (0: librados's
  * defaults, which wait for ever), so a lost daemon gives an error rather
- * than a hang; options in S override it.  Returns 0, or -errno with a
- * message in bd_errmsg() naming NAME. */
+ * than a hang; options in S override it.  NOCACHE turns librbd's cache
+ * off (rbd_cache=false, unless S sets it): the cache modes that bypass
+ * the page cache.  Returns 0, or -errno with a message in bd_errmsg()
+ * naming NAME. */
 int rbd_cluster_connect(const struct rbd_spec *s, unsigned timeout,
-                        const char *name, struct rbd_cluster *c);
+                        bool nocache, const char *name, struct rbd_cluster *c);
 void rbd_cluster_close(struct rbd_cluster *c);

@@ -454,7 +454,8 @@ struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o) {
   bool readonly = (o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)) || s.snap;
   if (s.snap && !(o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)))
     log_info("rbd %s: a snapshot: read-only", d->name);
-  if (rbd_cluster_connect(&s, o->rbd_timeout, d->name, &d->c) < 0 ||
+  if (rbd_cluster_connect(&s, o->rbd_timeout, bd_cache_direct(o->cache),
+                          d->name, &d->c) < 0 ||
       open_image(d, &s, readonly, o->rbd_lock) < 0 ||
       !(bd = wrap(d, readonly))) {
     free_dev(d);
