@@ -7,8 +7,9 @@
 # FUA; a snapshot served read-only with the data as of the snapshot; two
 # servers on one image (the second fails naming the exclusive lock, shares
 # read-only, or waits with --rbd-lock wait until the first exits); --cache
-# none turning librbd's cache off (its admin socket); the FUSE mount.  Every write also goes to a raw shadow file, and QEMU's own rbd
-# driver (the oracle) finds the image equal to it at the end.
+# none turning librbd's cache off (its admin socket); the FUSE mount.
+# Every write also goes to a raw shadow file, and QEMU's own rbd driver
+# (the oracle) finds the image equal to it at the end.
 # Skips (77) only without the Ceph packages or qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
 require qemu-io qemu-img nbdinfo nbdsh fio
@@ -198,25 +199,28 @@ stop2 "$PID2" ro
 ok "reads the same data as the writer serves"
 
 check "--cache none turns librbd's cache off; the spec's rbd_cache wins"
-# rbd_cache_of CACHE-ARGS... -- SPEC-OPTS: a read-only server with those
-# arguments and its admin socket; prints librbd's rbd_cache in it.
-rbd_cache_of() {
-    local args=() spec_opts
+# cache_is WANT SERVE-ARGS... -- SPEC-OPTS: a read-only server with those
+# arguments and an admin socket; fails unless librbd's rbd_cache in it is
+# WANT.
+cache_is() {
+    local want=$1 args=() got
+    shift
     while [[ $1 != -- ]]; do args+=("$1"); shift; done
-    spec_opts=$2
     rm -f "$T/c.asok"
-    launch2 c -r "${args[@]}" "rbd:$POOL/img:admin_socket=$T/c.asok$spec_opts"
+    launch2 c -r "${args[@]}" "rbd:$POOL/img:admin_socket=$T/c.asok$2"
     wait_file 60 c.pid "$PID2" || { cat c.log; fail "the server with ${args[*]} did not start"; }
     timeout 20 ceph --admin-daemon "$T/c.asok" config get rbd_cache >asok.out 2>&1 ||
         { cat asok.out; fail "no admin socket for ${args[*]}"; }
     stop2 "$PID2" c
-    python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["rbd_cache"])' asok.out
+    got=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["rbd_cache"])' asok.out) ||
+        { cat asok.out; fail "unreadable admin socket answer"; }
+    [[ $got == "$want" ]] || fail "serve ${args[*]} (spec options '$2'): rbd_cache is $got, not $want"
 }
-[[ $(rbd_cache_of -- "") == true ]] || fail "the default mode changed librbd's cache"
-[[ $(rbd_cache_of --cache none -- "") == false ]] || fail "--cache none left librbd's cache on"
-[[ $(rbd_cache_of --cache directsync -- "") == false ]] || fail "--cache directsync left librbd's cache on"
-[[ $(rbd_cache_of --cache writethrough -- "") == true ]] || fail "--cache writethrough turned librbd's cache off"
-[[ $(rbd_cache_of --cache none -- ":rbd_cache=true") == true ]] || fail "the spec's rbd_cache=true lost to --cache none"
+cache_is true -- ""                    # the Ceph configuration's default
+cache_is false --cache none -- ""
+cache_is false --cache directsync -- ""
+cache_is true --cache writethrough -- ""
+cache_is true --cache none -- ":rbd_cache=true" # the spec wins
 ok "as qemu-nbd --cache with QEMU's rbd driver"
 
 check "--rbd-lock wait serves once the first server exits"
