@@ -337,7 +337,7 @@ static void free_stale(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
   for (size_t i = 0; r == 0 && i < bm->nstale; i++) {
     /* No longer metadata: the overlap guard lets them go. */
     qcow2_guard_unmark(q, QCOW2_OL_BITMAPS, bm->stale[i].off, bm->stale[i].len);
-    r = qcow2_free_range(q, bm->stale[i].off, bm->stale[i].len);
+    r = qcow2_free_range(q, bm->stale[i].off, bm->stale[i].len, true);
   }
   if (r == 0 && bm->nstale)
     r = io_fdatasync(q->fd);

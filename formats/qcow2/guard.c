@@ -254,27 +254,51 @@ static int record_corrupt(struct qcow2dev *q) {
   return r < 0 ? r : io_fdatasync(q->fd);
 }
 
+/* The first corruption found in an image open for writing marks it
+ * corrupt (durably where the header can say so) and is logged with WHY;
+ * from then on writes are refused while reads go on. */
+static void mark_corrupt(struct qcow2dev *q, const char *why) {
+  if (__atomic_exchange_n(&q->corrupt, true, __ATOMIC_ACQ_REL))
+    return;
+  int r = record_corrupt(q);
+  const char *no = r == -ENOTSUP ? "version 2 images have no corrupt bit"
+                   : r < 0       ? strerror(-r)
+                                 : NULL;
+  log_error("qcow2 %s: marking image as corrupt: %s; writes are refused from "
+            "now on%s%s%s",
+            q->path, why, no ? " (not recorded in the header: " : "",
+            no ? no : "", no ? ")" : "");
+}
+
 /* Refuse a write (WHAT: "write on", "free of") that would hit metadata of
  * KINDS at [off, off+len).  The first one marks the image corrupt and is
  * logged; every one fails with EIO. */
 static int signal_corruption(struct qcow2dev *q, const char *what, uint64_t off,
                              uint64_t len, unsigned kinds) {
   const char *name = qcow2_ol_name(kinds);
-  if (!__atomic_exchange_n(&q->corrupt, true, __ATOMIC_ACQ_REL)) {
-    int r = record_corrupt(q);
-    const char *why = r == -ENOTSUP ? "version 2 images have no corrupt bit"
-                      : r < 0       ? strerror(-r)
-                                    : NULL;
-    log_error("qcow2 %s: marking image as corrupt: preventing invalid %s "
-              "metadata (overlaps with %s) at offset 0x%llx, %llu bytes; "
-              "writes are refused from now on%s%s%s",
-              q->path, what, name, (unsigned long long)off,
-              (unsigned long long)len,
-              why ? " (not recorded in the header: " : "", why ? why : "",
-              why ? ")" : "");
-  }
+  char why[256];
+  snprintf(why, sizeof why,
+           "preventing invalid %s metadata (overlaps with %s) at offset "
+           "0x%llx, %llu bytes",
+           what, name, (unsigned long long)off, (unsigned long long)len);
+  mark_corrupt(q, why);
   bd_set_error("qcow2 %s: preventing invalid %s metadata (overlaps with %s)",
                q->path, what, name);
+  return -EIO;
+}
+
+int qcow2_bad_entry(struct qcow2dev *q, const char *what, uint64_t value,
+                    uint64_t guest) {
+  char why[256];
+  snprintf(why, sizeof why, "%s 0x%llx (guest offset 0x%llx)", what,
+           (unsigned long long)value, (unsigned long long)guest);
+  /* As QEMU: only an image open for writing is marked; a read-only one
+   * fails the request and says so once. */
+  if (q->ol)
+    mark_corrupt(q, why);
+  else if (!__atomic_exchange_n(&q->bad_logged, true, __ATOMIC_ACQ_REL))
+    log_warn("qcow2 %s: corrupt image: %s", q->path, why);
+  bd_set_error("qcow2 %s: corrupt image: %s", q->path, why);
   return -EIO;
 }
 

@@ -54,6 +54,12 @@ void qcow2_guard_l2_replaced(struct qcow2dev *q, uint64_t l2off);
  * cluster that holds metadata signals corruption instead (-EIO). */
 int qcow2_guard_release(struct qcow2dev *q, uint64_t cluster);
 
+/* A malformed table entry (WHAT, its VALUE) met on the way to guest
+ * offset GUEST: -EIO with bd_errmsg() set.  An image open for writing is
+ * marked corrupt, as QEMU marks it; a read-only one is logged once. */
+int qcow2_bad_entry(struct qcow2dev *q, const char *what, uint64_t value,
+                    uint64_t guest);
+
 /* Why writes are refused now: 0, -EROFS (the image was found corrupt) or
  * -EIO (a metadata update failed), with bd_errmsg() set. */
 int qcow2_writes_refused(struct qcow2dev *q);

@@ -99,6 +99,10 @@ static int check_geometry(const struct qcow2_header *h, uint64_t file_size) {
     return qcow2_err(-EINVAL,
                      "extended L2 entries need clusters of at least 16 KiB");
   uint64_t csize = 1ull << h->cluster_bits;
+  /* QEMU's rule: the header and its extensions live in cluster 0. */
+  if (h->header_length > csize)
+    return qcow2_err(-EINVAL, "header exceeds cluster size (header length %u)",
+                     h->header_length);
   if (h->size > (1ull << 56))
     return qcow2_err(-EINVAL, "virtual size %llu is too large",
                      (unsigned long long)h->size);

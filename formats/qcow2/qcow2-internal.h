@@ -48,6 +48,7 @@ struct qcow2dev {
    * whether a write on metadata was refused (atomic; then no writes). */
   struct qcow2_ol *ol;
   bool corrupt;
+  bool bad_logged; /* a malformed entry of a read-only image was logged */
   pthread_mutex_t meta;
   pthread_cond_t alloc_done;
   struct inflight *inflight; /* guest clusters being allocated */
@@ -75,6 +76,7 @@ struct qcow2dev {
 struct pending {
   uint64_t a, b;       /* L2: file offset of the slice | free: range */
   struct l2slice *pin; /* L2: the cached slice holding the entry */
+  bool keep;           /* free: punch no hole (see qcow2_free_range) */
 };
 
 struct inflight {
@@ -159,7 +161,13 @@ int qcow2_rc_used_end(struct qcow2dev *q, uint64_t *end);
  * from the file: refuse further writes (reads go on), logged once.
  * Returns ERR. */
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
-int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len);
+/* Drop a reference to each cluster [host, host+len) touches, all or
+ * none.  With PUNCH, clusters left unreferenced are punched out of the
+ * file; without it (a compressed extent, which a damaged entry may aim at
+ * another entry's data) they keep their bytes: allocation never reuses a
+ * freed cluster, so a wrong free then loses nothing. */
+int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len,
+                     bool punch);
 
 /* dirty-bitmaps.c: persistent bitmaps of an image opened for writing.
  * Open (refcounts loaded): -ENOTSUP with a reason when they cannot be kept

@@ -64,19 +64,44 @@ uint64_t qcow2_slice_key(const struct qcow2dev *q, uint64_t l2off, uint64_t l2i,
   return l2off + (l2i / per_slice) * per_slice * esize * 8;
 }
 
-/* The L2 entry (and subcluster bitmap) of guest CLUSTER; with NOWAIT only
- * from a cached slice (-EAGAIN otherwise). */
+/* What is wrong with the L2 entry (and subcluster bitmap) of guest
+ * CLUSTER, by QEMU's rules: reserved bits, an unaligned offset, subcluster
+ * bits that contradict each other or the entry, a compressed descriptor
+ * where none may be, a data file cluster away from its guest offset.  NULL
+ * when it is well formed. */
+static const char *entry_fault(const struct qcow2dev *q, uint64_t cluster,
+                               uint64_t entry, uint64_t bitmap) {
+  struct qcow2_run run;
+  uint64_t host = entry & QCOW2_OFFSET_MASK;
+  if (qcow2_decode_l2(&q->g, entry, bitmap, 0, 1, &run) < 0)
+    return (entry & QCOW2_L2_COMPRESSED) ? "invalid compressed cluster entry"
+           : host & (q->csize - 1)       ? "cluster offset unaligned"
+                                         : "invalid L2 entry";
+  bool allocated = host || (q->g.data_file && (entry & QCOW2_L2_COPIED));
+  if (q->g.data_file && allocated && host != cluster << q->h.cluster_bits)
+    return "data file cluster not at its guest offset";
+  return NULL;
+}
+
+/* The L2 entry (and subcluster bitmap) of guest CLUSTER, checked; with
+ * NOWAIT only from a cached slice, and -EAGAIN for anything the careful
+ * path must report. */
 static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                        uint64_t *entry, uint64_t *bitmap, bool nowait) {
-  uint64_t l1i = cluster >> q->l2_bits;
+  uint64_t l1i = cluster >> q->l2_bits, guest = cluster << q->h.cluster_bits;
   uint64_t l1e =
       l1i < q->h.l1_size ? __atomic_load_n(&q->l1[l1i], __ATOMIC_ACQUIRE) : 0;
   *l2off = l1e & QCOW2_OFFSET_MASK;
   *entry = *bitmap = 0;
   if (*l2off == 0)
     return 0;
-  if (*l2off & (q->csize - 1) || *l2off >= file_limit(q))
-    return corrupt(q, "L2 table offset", *l2off);
+  if (*l2off & (q->csize - 1))
+    return nowait
+               ? -EAGAIN
+               : qcow2_bad_entry(q, "L2 table offset unaligned", *l2off, guest);
+  if (*l2off >= file_limit(q))
+    return nowait ? -EAGAIN
+                  : corrupt(q, "L2 table past the end of the file", *l2off);
   size_t idx;
   uint64_t key =
       qcow2_slice_key(q, *l2off, cluster & ((1ull << q->l2_bits) - 1), &idx);
@@ -91,6 +116,9 @@ static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   if (q->g.extended_l2)
     *bitmap = __atomic_load_n(&e[idx + 1], __ATOMIC_ACQUIRE);
   l2cache_put(q->cache, pin);
+  const char *bad = entry_fault(q, cluster, *entry, *bitmap);
+  if (bad)
+    return nowait ? -EAGAIN : qcow2_bad_entry(q, bad, *entry, guest);
   return 0;
 }
 
@@ -128,17 +156,11 @@ static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
   }
   uint32_t max =
       len < q->csize - in ? (uint32_t)len : (uint32_t)(q->csize - in);
+  /* The entry was checked by the lookup.  Data past the end of the file
+   * reads as zeroes, as in QEMU. */
   r = qcow2_decode_l2(&q->g, entry, bitmap, in, max, run);
   if (r < 0)
     return corrupt(q, "L2 entry", entry);
-  if (run->kind == QCOW2_DATA && q->data_fd == q->fd &&
-      run->host - in >= file_limit(q))
-    return corrupt(q, "data cluster past the end of the file", run->host - in);
-  /* In an external data file guest clusters sit at their guest offset. */
-  if (run->kind == QCOW2_DATA && q->g.data_file &&
-      run->host - in != cluster << q->h.cluster_bits)
-    return corrupt(q, "data file cluster not at its guest offset",
-                   run->host - in);
   if (run->kind == QCOW2_COMPRESSED && run->coffset >= file_limit(q))
     return corrupt(q, "compressed cluster past the end of the file",
                    run->coffset);

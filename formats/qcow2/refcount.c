@@ -258,13 +258,42 @@ int qcow2_alloc_contiguous(struct qcow2dev *q, uint64_t nclusters,
   return r;
 }
 
-/* Drop one reference to each cluster [host, host+len) touches; clusters
- * that become free are punched out of the file. */
-int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
+/* Whether every cluster from FIRST to LAST has a reference to drop.  A
+ * free that would take one below zero means the refcounts and the entry
+ * disagree already: dropping the others' could free live data (the
+ * entry reaching into clusters allocated since), so none is dropped. */
+static int free_allowed(struct qcow2dev *q, uint64_t first, uint64_t last,
+                        bool *ok) {
+  *ok = true;
+  for (uint64_t c = first; c <= last; c++) {
+    uint64_t val;
+    int r = qcow2_rc_get(q, c, &val);
+    if (r < 0)
+      return r;
+    if (val == 0) {
+      log_warn("qcow2 %s: freeing cluster %llu, whose refcount is 0 already: "
+               "the range 0x%llx-0x%llx is left alone (leaked)",
+               q->path, (unsigned long long)c,
+               (unsigned long long)(first << q->h.cluster_bits),
+               (unsigned long long)((last + 1) << q->h.cluster_bits));
+      *ok = false;
+      return 0;
+    }
+  }
+  return 0;
+}
+
+/* All or none, as QEMU undoes a partial decrease. */
+int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len,
+                     bool punch) {
   uint64_t first = host >> q->h.cluster_bits;
   uint64_t last = (host + len - 1) >> q->h.cluster_bits;
+  bool ok;
+  int r = free_allowed(q, first, last, &ok);
+  if (r < 0 || !ok)
+    return r < 0 ? qcow2_mark_broken(q, r, "freeing a cluster") : 0;
   for (uint64_t c = first; c <= last; c++) {
-    int r = qcow2_guard_release(q, c);
+    r = qcow2_guard_release(q, c);
     if (r == 0)
       r = qcow2_rc_update(q, c, -1);
     uint64_t val = 1;
@@ -272,7 +301,7 @@ int qcow2_free_range(struct qcow2dev *q, uint64_t host, uint64_t len) {
       r = qcow2_rc_get(q, c, &val);
     if (r < 0)
       return qcow2_mark_broken(q, r, "freeing a cluster");
-    if (val == 0)
+    if (val == 0 && punch)
       fallocate(q->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                 (off_t)(c << q->h.cluster_bits), (off_t)q->csize);
   }

@@ -91,7 +91,7 @@ static int grow_l1(struct qcow2dev *q, uint64_t n) {
     if (old_bytes) {
       old_bytes = div_up(old_bytes, q->csize) * q->csize;
       qcow2_guard_unmark(q, QCOW2_OL_ACTIVE_L1, old, old_bytes);
-      r = qcow2_free_range(q, old, old_bytes);
+      r = qcow2_free_range(q, old, old_bytes, true);
     }
   }
   pthread_mutex_unlock(&q->meta);

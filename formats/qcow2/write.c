@@ -141,8 +141,9 @@ static int write_slice(struct qcow2dev *q, uint64_t key,
   return qcow2_guard_pwrite(q, QCOW2_OL_ACTIVE_L2, buf, bytes, key);
 }
 
-static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len) {
-  struct pending p = {.a = host, .b = len};
+static int defer_free(struct qcow2dev *q, uint64_t host, uint64_t len,
+                      bool punch) {
+  struct pending p = {.a = host, .b = len, .keep = !punch};
   return push(&q->pend_free, &q->npend_free, &q->cap_pend_free, sizeof p, &p);
 }
 
@@ -178,7 +179,8 @@ static int sync_metadata(struct qcow2dev *q) {
   if (r == 0 && q->npend_free)
     r = datasync(q);
   for (size_t i = 0; r == 0 && i < q->npend_free; i++)
-    r = qcow2_free_range(q, q->pend_free[i].a, q->pend_free[i].b);
+    r = qcow2_free_range(q, q->pend_free[i].a, q->pend_free[i].b,
+                         !q->pend_free[i].keep);
   q->npend_free = 0;
   return r < 0 ? qcow2_mark_broken(q, r, "writing metadata") : 0;
 }
@@ -190,18 +192,32 @@ static int maybe_sync(struct qcow2dev *q) {
   return sync_metadata(q);
 }
 
-/* Drop the host clusters an L2 entry holds (at the next sync point). */
-static int release_entry(struct qcow2dev *q, uint64_t entry) {
+/* Drop the host clusters an L2 entry holds (at the next sync point).
+ * BOUND is where allocation stood when the entry was looked up: a damaged
+ * entry that reaches past it (a compressed extent running off the end of
+ * the file, a data cluster far past it) holds nothing it may free, since
+ * what lies there now was allocated since, for live data.  It leaks. */
+static int release_entry(struct qcow2dev *q, uint64_t entry, uint64_t bound) {
   if (q->g.data_file)
     return 0; /* the data file's clusters have no refcounts */
-  if (entry & QCOW2_L2_COMPRESSED) {
+  uint64_t host = entry & QCOW2_OFFSET_MASK, len = q->csize;
+  bool compressed = entry & QCOW2_L2_COMPRESSED;
+  if (compressed) {
     struct qcow2_run run;
     if (qcow2_decode_l2(&q->g, entry, 0, 0, 1, &run) < 0)
       return -EIO;
-    return defer_free(q, run.coffset, run.csize);
+    host = run.coffset;
+    len = run.csize;
   }
-  uint64_t host = entry & QCOW2_OFFSET_MASK;
-  return host ? defer_free(q, host, q->csize) : 0;
+  if (host == 0)
+    return 0;
+  if (host >= bound || len > bound - host) {
+    log_warn("qcow2 %s: L2 entry 0x%llx reaches past the allocated end of "
+             "the image: its clusters are left alone (leaked)",
+             q->path, (unsigned long long)entry);
+    return 0;
+  }
+  return defer_free(q, host, len, !compressed);
 }
 
 /* Copy an L2 table shared with a snapshot.  The clusters it references
@@ -224,7 +240,7 @@ static int cow_l2(struct qcow2dev *q, uint64_t l1i, uint64_t old,
     r = set_l1(q, l1i, nl2 | QCOW2_L2_COPIED);
   if (r == 0) {
     qcow2_guard_l2_replaced(q, old);
-    r = defer_free(q, old, q->csize);
+    r = defer_free(q, old, q->csize, true);
   }
   free(t);
   *l2off = nl2;
@@ -289,16 +305,23 @@ static int alloc_data(struct qcow2dev *q, uint64_t cluster, uint64_t *host) {
 /* Undo alloc_data() for a cluster never published. */
 static void unalloc_data(struct qcow2dev *q, uint64_t host) {
   if (!q->g.data_file)
-    qcow2_free_range(q, host, q->csize);
+    qcow2_free_range(q, host, q->csize, true);
+}
+
+/* Whether ENTRY's host cluster lies where the image allocated (metadata
+ * lock held).  One past that is no cluster of the image's (a damaged
+ * entry): written in place it would meet the next allocation there. */
+static bool allocated_here(const struct qcow2dev *q, uint64_t entry) {
+  return q->g.data_file || (entry & QCOW2_OFFSET_MASK) < q->alloc_end;
 }
 
 /* A cluster the image owns alone, whose bytes [in, in+n) can be written in
  * place (with extended L2: their subclusters are allocated).  N 0 asks
- * only whether the image owns the cluster. */
+ * only whether the image owns the cluster.  Metadata lock held. */
 static bool owned_data(const struct qcow2dev *q, uint64_t entry,
                        uint64_t bitmap, uint32_t in, uint64_t n) {
   if ((entry & QCOW2_L2_COMPRESSED) || !has_host(q, entry) ||
-      !(entry & QCOW2_L2_COPIED))
+      !(entry & QCOW2_L2_COPIED) || !allocated_here(q, entry))
     return false;
   if (!q->g.extended_l2)
     return !(entry & QCOW2_L2_ZERO);
@@ -345,7 +368,7 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
                           uint64_t bitmap) {
   struct inflight f = {cluster, q->inflight};
   q->inflight = &f;
-  uint64_t l2off, host = 0;
+  uint64_t l2off, host = 0, bound = q->alloc_end;
   int r = writable_l2(q, cluster, &l2off);
   bool fresh = r == 0 && !q->g.data_file, got = false;
   if (r == 0)
@@ -382,7 +405,7 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   else if (got)
     unalloc_data(q, host); /* never published */
   if (r == 0)
-    r = release_entry(q, entry);
+    r = release_entry(q, entry, bound);
   if (r == 0)
     r = maybe_sync(q);
   if (r < 0 && !data_failed)
@@ -405,7 +428,7 @@ static bool subcluster_writable(const struct qcow2dev *q, uint64_t entry,
   if (!q->g.extended_l2 || (entry & QCOW2_L2_COMPRESSED))
     return false;
   if (has_host(q, entry))
-    return entry & QCOW2_L2_COPIED;
+    return (entry & QCOW2_L2_COPIED) && allocated_here(q, entry);
   return !(bitmap & EXT_ALL_ALLOCATED); /* else corrupt: the read fails */
 }
 
@@ -550,11 +573,11 @@ int qcow2_try_write_nowait(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
   int r = q->broken || qcow2_is_corrupt(q) || in_flight(q, cluster)
               ? -EAGAIN
               : qcow2_lookup_nowait(q, cluster, &l2off, &entry, &bitmap);
+  bool owned = r == 0 && owned_data(q, entry, bitmap, in, len);
   pthread_mutex_unlock(&q->meta);
   uint64_t host = (entry & QCOW2_OFFSET_MASK) + in;
   /* A write on metadata is refused on the careful path. */
-  if (r < 0 || !owned_data(q, entry, bitmap, in, len) ||
-      qcow2_guard_would_hit(q, host, len))
+  if (!owned || qcow2_guard_would_hit(q, host, len))
     return -EAGAIN;
   qcow2_bitmaps_mark(q, off, len);
   return qcow2_data_pwrite(q, buf, len, host);
@@ -650,7 +673,7 @@ static int write_compressed(struct qcow2dev *q, uint64_t cluster,
   }
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
-  uint64_t l2off, entry, bitmap, start = 0;
+  uint64_t l2off, entry, bitmap, start = 0, bound = q->alloc_end;
   int r = qcow2_writes_refused(q);
   if (r == 0)
     r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
@@ -675,7 +698,7 @@ static int write_compressed(struct qcow2dev *q, uint64_t cluster,
       r = set_l2(q, l2off, cluster, QCOW2_L2_COMPRESSED | start | (nsect << x),
                  0);
     if (r == 0)
-      r = release_entry(q, entry);
+      r = release_entry(q, entry, bound);
     if (r == 0)
       r = maybe_sync(q);
     finish_cluster(q, &f);
@@ -721,7 +744,7 @@ static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
                          uint64_t vbitmap, bool keep) {
   pthread_mutex_lock(&q->meta);
   wait_cluster(q, cluster);
-  uint64_t l2off, entry, bitmap;
+  uint64_t l2off, entry, bitmap, bound = q->alloc_end;
   int r = qcow2_writes_refused(q);
   if (r == 0)
     r = qcow2_lookup(q, cluster, &l2off, &entry, &bitmap);
@@ -734,7 +757,7 @@ static int replace_entry(struct qcow2dev *q, uint64_t cluster, uint64_t value,
     if (r == 0)
       r = set_l2(q, l2off, cluster, value, vbitmap);
     if (r == 0 && !(value & QCOW2_OFFSET_MASK))
-      r = release_entry(q, entry);
+      r = release_entry(q, entry, bound);
     if (r == 0)
       r = maybe_sync(q);
   }
@@ -870,7 +893,7 @@ int qcow2_drop_l2(struct qcow2dev *q, uint64_t l1i) {
   int r = old ? set_l1(q, l1i, 0) : 0;
   if (r == 0 && old) {
     qcow2_guard_l2_replaced(q, old);
-    r = defer_free(q, old, q->csize);
+    r = defer_free(q, old, q->csize, true);
   }
   pthread_mutex_unlock(&q->meta);
   return r;

@@ -26,7 +26,8 @@
 #             --readonly (message mentions "corrupt"); served with
 #             --readonly, read-only (writes fail), reading like the healthy
 #             image.
-#   eio       served; reading the damaged cluster fails with EIO, the rest
+#   eio       served; reading the damaged cluster fails with EIO (or reads
+#             zeroes where QEMU does: a data cluster past EOF), the rest
 #             reads like the healthy image, block status (both contexts)
 #             may fail but must not kill the connection, the server stays
 #             up and exits 0 on SIGTERM: L2 entry past EOF, L2 entry
@@ -282,6 +283,10 @@ for item in os.environ["SPEC"].split():
     if want == "eio":
         errs.append("pread(%d, %d) succeeded, expected EIO (got %s...)"
                     % (ln, off, got[:8].hex()))
+    elif want == "zero":
+        if got != bytes(ln):
+            errs.append("pread(%d, %d) returned data, expected zeroes"
+                        % (ln, off))
     elif got != raw[off:off + ln]:
         errs.append("pread(%d, %d) returned data differing from the healthy image"
                     % (ln, off))
@@ -493,23 +498,29 @@ except nbd.Error as ex:
 fi
 
 # --- served, EIO on the damaged cluster only
-spec_eio() { # spec_eio CLUSTER...: eio for those clusters, good elsewhere
+# spec_eio CLUSTER[=KIND]...: those clusters eio (or KIND: zero), good
+# elsewhere.
+spec_eio() {
     local c s="" bad
     for c in 0 1 2 5 50 100 101 $((SIZE / CS - 1)); do
         bad=good
-        for b in "$@"; do [[ $b == "$c" ]] && bad=eio; done
+        for b in "$@"; do
+            [[ ${b%=*} == "$c" ]] && bad=eio && [[ $b == *=* ]] && bad=${b#*=}
+        done
         s+=" $((c * CS)):$CS:$bad $((c * CS + 1000)):3000:$bad"
     done
     # A read spanning a good and the damaged cluster fails as a whole.
-    s+=" $(($1 * CS - 512)):1024:eio"
+    [[ $1 == *=* ]] || s+=" $(($1 * CS - 512)):1024:eio"
     echo "$s"
 }
+# A data cluster past EOF reads as zeroes, as QEMU's file layer pads reads
+# past the end of the file.
 mk l2-past-eof; qpatch "$img" l2 5 eof
-expect_eio "L2 entry of cluster 5 points past EOF" "$img" "$D/healthy.raw" "$(spec_eio 5)"
+expect_eio "L2 entry of cluster 5 points past EOF" "$img" "$D/healthy.raw" "$(spec_eio 5=zero)"
 mk l2-unaligned; qpatch "$img" l2 5 unaligned
 expect_eio "L2 entry of cluster 5 unaligned" "$img" "$D/healthy.raw" "$(spec_eio 5)"
 mk l2-both; qpatch "$img" l2 1 unaligned; qpatch "$img" l2 101 eof
-expect_eio "L2 entries of clusters 1 (unaligned) and 101 (past EOF)" "$img" "$D/healthy.raw" "$(spec_eio 1 101)"
+expect_eio "L2 entries of clusters 1 (unaligned) and 101 (past EOF)" "$img" "$D/healthy.raw" "$(spec_eio 1 101=zero)"
 # L1 entry 0 unaligned: the whole first L2 range (8192 clusters = all
 # 16 MiB with 64k clusters) is unreadable.  All reads must fail.
 mk l1-entry-unaligned; qpatch "$img" l1 0 unaligned
