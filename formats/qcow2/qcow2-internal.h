@@ -31,7 +31,10 @@ struct qcow2dev {
   struct qcow2_geom g;
   uint64_t csize;
   unsigned l2_bits; /* log2 of entries per L2 table */
-  uint64_t *l1;     /* host-endian copy of the active L1 table */
+  /* L2 entry bits that send a lookup to the full check (qcow2.c):
+   * reserved ones, offset bits below a cluster, the compressed flag. */
+  uint64_t l2_check_bits;
+  uint64_t *l1; /* host-endian copy of the active L1 table */
   struct l2cache *cache;
   struct bd *backing; /* NULL without a backing file */
   char *path;

@@ -83,6 +83,30 @@ static const char *entry_fault(const struct qcow2dev *q, uint64_t cluster,
   return NULL;
 }
 
+/* Whether an entry is well formed at a glance: a plain cluster, free of
+ * any bit that needs a closer look, and with extended L2 a bitmap that
+ * neither allocates and zeroes one subcluster nor allocates in a cluster
+ * without a host offset.  The full check takes the rest. */
+static bool entry_plain(const struct qcow2dev *q, uint64_t entry,
+                        uint64_t bitmap) {
+  if (entry & q->l2_check_bits)
+    return false;
+  uint32_t alloc = (uint32_t)bitmap;
+  return !q->g.extended_l2 || ((alloc & (uint32_t)(bitmap >> 32)) == 0 &&
+                               (alloc == 0 || (entry & QCOW2_OFFSET_MASK)));
+}
+
+/* L2 entry bits entry_plain() leaves to the full check.  An external data
+ * file's entries all take it (their offsets must match the guest's). */
+static uint64_t l2_check_bits(const struct qcow2dev *q) {
+  if (q->g.data_file)
+    return ~0ull;
+  uint64_t bits = QCOW2_L2_COMPRESSED | QCOW2_L2_STD_RESERVED |
+                  ((q->csize - 1) & QCOW2_OFFSET_MASK);
+  /* Bit 0, the zero flag, exists in version 3 standard entries only. */
+  return bits | (q->g.v3 && !q->g.extended_l2 ? 0 : QCOW2_L2_ZERO);
+}
+
 /* The L2 entry (and subcluster bitmap) of guest CLUSTER, checked; with
  * NOWAIT only from a cached slice, and -EAGAIN for anything the careful
  * path must report. */
@@ -116,6 +140,8 @@ static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   if (q->g.extended_l2)
     *bitmap = __atomic_load_n(&e[idx + 1], __ATOMIC_ACQUIRE);
   l2cache_put(q->cache, pin);
+  if (entry_plain(q, *entry, *bitmap))
+    return 0;
   const char *bad = entry_fault(q, cluster, *entry, *bitmap);
   if (bad)
     return nowait ? -EAGAIN : qcow2_bad_entry(q, bad, *entry, guest);
@@ -858,6 +884,7 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
         .v3 = q->h.version >= 3,
         .data_file = q->h.incompatible & QCOW2_INCOMPAT_DATA_FILE};
     q->l2_bits = q->h.cluster_bits - (q->g.extended_l2 ? 4 : 3);
+    q->l2_check_bits = l2_check_bits(q);
     size_t slice = q->csize < 4096 ? q->csize : 4096;
     uint64_t l2 =
         o->qcow2_l2_cache ? o->qcow2_l2_cache : QCOW2_L2_CACHE_DEFAULT;
