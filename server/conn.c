@@ -179,6 +179,15 @@ static struct hs_catalog conn_catalog(const struct conn *c) {
   return cat;
 }
 
+/* The TLS handshake counts toward the handshake's deadline: it gets what
+ * is left of it (0 without a deadline: tls_accept()'s default). */
+static unsigned tls_time_left(const struct conn *c) {
+  if (!c->hs_deadline)
+    return 0;
+  int64_t left = c->hs_deadline - mono_ms();
+  return left > 0 ? (unsigned)left : 1;
+}
+
 /* After the ACK to STARTTLS: the TLS handshake on the same socket. */
 static bool start_tls(struct conn *c, struct hs_state *hs) {
   char who[100];
@@ -191,9 +200,12 @@ static bool start_tls(struct conn *c, struct hs_state *hs) {
   struct tls_creds *cr = tls_creds_ref(c->srv->tls_creds);
   pthread_mutex_unlock(&c->srv->lock);
   bool in_time = arm_deadline(c);
-  c->tls = in_time ? tls_accept(cr, c->fd, who) : NULL;
+  c->tls = in_time ? tls_accept(cr, c->fd, who, tls_time_left(c)) : NULL;
+  bool timed_out = in_time && !c->tls && errno == ETIMEDOUT;
   tls_creds_put(cr);
-  if (in_time && !c->tls && c->srv->metrics)
+  if (timed_out)
+    handshake_timed_out(c);
+  else if (in_time && !c->tls && c->srv->metrics)
     metrics_conn_refused(c->srv->metrics, METRICS_REFUSED_TLS);
   if (!c->tls)
     return false;

@@ -168,7 +168,8 @@ static void log_peer(struct tls_session *s) {
             user ? ", PSK user " : "", user ? user : "");
 }
 
-static int setup(struct tls_creds *cr, struct tls_session *s, int fd) {
+static int setup(struct tls_creds *cr, struct tls_session *s, int fd,
+                 unsigned timeout_ms) {
   int r = gnutls_init(&s->gs, GNUTLS_SERVER | GNUTLS_NO_SIGNAL);
   if (r < 0)
     return r;
@@ -185,35 +186,51 @@ static int setup(struct tls_creds *cr, struct tls_session *s, int fd) {
     gnutls_session_set_verify_cert(s->gs, NULL, 0);
   }
   gnutls_transport_set_int(s->gs, fd);
-  gnutls_handshake_set_timeout(s->gs, GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
+  /* GnuTLS waits for the client in poll() with what is left of this, not
+   * in recv(): the socket's receive timeout alone would not bound it. */
+  gnutls_handshake_set_timeout(
+      s->gs, timeout_ms ? timeout_ms : GNUTLS_DEFAULT_HANDSHAKE_TIMEOUT);
   return 0;
 }
 
-struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who) {
+/* The handshake, repeated after signals and warning alerts.  GNUTLS_E_AGAIN
+ * on a blocking socket is a send that hit the caller's socket timeout:
+ * the time is up, as it is at GNUTLS_E_TIMEDOUT. */
+static int handshake(struct tls_session *s) {
+  int r;
+  do
+    r = gnutls_handshake(s->gs);
+  while (r < 0 && r != GNUTLS_E_AGAIN && !gnutls_error_is_fatal(r));
+  return r == GNUTLS_E_AGAIN ? GNUTLS_E_TIMEDOUT : r;
+}
+
+struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who,
+                               unsigned timeout_ms) {
   struct tls_session *s = calloc(1, sizeof *s);
   if (!s) {
     log_error("%s: TLS: out of memory", who);
+    errno = EPROTO;
     return NULL;
   }
   snprintf(s->who, sizeof s->who, "%s", who);
   s->cr = tls_creds_ref(cr);
-  int r = setup(cr, s, fd);
+  int r = setup(cr, s, fd, timeout_ms);
   if (r < 0) {
     log_error("%s: cannot set up a TLS session: %s", who, gnutls_strerror(r));
   } else {
-    do
-      r = gnutls_handshake(s->gs);
-    while (r < 0 && !gnutls_error_is_fatal(r));
+    r = handshake(s);
     if (r == 0) {
       log_peer(s);
       return s;
     }
-    log_handshake_failure(s, r);
+    if (r != GNUTLS_E_TIMEDOUT) /* the caller says that one */
+      log_handshake_failure(s, r);
   }
   if (s->gs)
     gnutls_deinit(s->gs);
   tls_creds_put(s->cr);
   free(s);
+  errno = r == GNUTLS_E_TIMEDOUT ? ETIMEDOUT : EPROTO;
   return NULL;
 }
 

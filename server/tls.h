@@ -28,11 +28,14 @@ struct tls_creds *tls_creds_load(const char *certs_dir, bool verify_peer,
 struct tls_creds *tls_creds_ref(struct tls_creds *cr);
 void tls_creds_put(struct tls_creds *cr);
 
-/* Run the TLS handshake as the server on blocking socket FD.  The session
- * holds its own reference to CR.  Returns the session, or NULL (logged, naming
- * WHO) when the client failed it: wrong key, untrusted certificate, not TLS at
- * all. */
-struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who);
+/* Run the TLS handshake as the server on blocking socket FD, for at most
+ * TIMEOUT_MS in all (0: GnuTLS's default, 40 s); the caller's socket
+ * timeouts, if any, must not outlast it.  The session holds its own
+ * reference to CR.  Returns the session, or NULL with errno ETIMEDOUT when
+ * the time ran out, or EPROTO (logged, naming WHO) when the client failed
+ * it: wrong key, untrusted certificate, not TLS at all. */
+struct tls_session *tls_accept(struct tls_creds *cr, int fd, const char *who,
+                               unsigned timeout_ms);
 
 /* Like recv() and send() on the socket, with errno set on failure (EAGAIN
  * and EINTR on a non-blocking socket; EIO for a TLS error, logged).  A send
