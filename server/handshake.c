@@ -283,8 +283,9 @@ static enum hs_result do_export_name(struct hs_state *hs,
   if (idx < 0 || access_error(hs, cat, idx))
     return HS_CLOSE;
   const struct hs_export *e = &cat->v[idx];
-  /* Without structured replies no meta context can be used. */
-  hs->ctx_base = hs->ctx_depth = false;
+  /* As with GO: contexts set for this export are kept, others dropped. */
+  if (hs->ctx_export != idx)
+    hs->ctx_base = hs->ctx_depth = false;
   hs->export_index = idx;
   hs->tflags = hs_tflags(hs, e);
   uint8_t *p = out_reserve(out, 10 + (hs->no_zeroes ? 0 : 124));
@@ -399,9 +400,9 @@ static void do_extended(struct hs_state *hs, uint32_t len, struct hs_out *out) {
     reply_err(out, NBD_OPT_EXTENDED_HEADERS, NBD_REP_ERR_INVALID,
               "extended headers already negotiated");
   else {
-    /* Changing the header style invalidates the contexts chosen so far. */
+    /* The contexts chosen so far are kept: only STARTTLS resets them
+     * (proto.md, NBD_OPT_SET_META_CONTEXT). */
     hs->extended = hs->structured = true;
-    hs->ctx_base = hs->ctx_depth = false;
     reply_ack(out, NBD_OPT_EXTENDED_HEADERS);
   }
 }

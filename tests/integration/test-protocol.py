@@ -825,6 +825,64 @@ def extended_payload_over_maximum_disconnects(t):
         keep.disconnect()
 
 
+def _allocation_file(t):
+    """A 2 MiB sparse file with 64 KiB of data at 1 MiB."""
+    return make_file(t, "d.img", 2 * MiB, [(MiB, pattern(64 * KiB, 5))])
+
+
+def _check_allocation(c, ctx):
+    """base:allocation of _allocation_file() as the client sees it."""
+    smap = status_map(c, ctx, 0, 2 * MiB)
+    eq(flags_over(smap, MiB, MiB + 64 * KiB), {0}, "status of the data")
+    eq(flags_over(smap, 0, 4096), {NBD_STATE_HOLE | NBD_STATE_ZERO},
+       "status at 0 (%s)" % fmt_map(smap))
+
+
+@case
+def meta_context_kept_through_export_name(t):
+    # proto.md: BLOCK_STATUS may be used when the last SET_META_CONTEXT
+    # named "the same export name that was ultimately selected for
+    # transmission phase", by NBD_OPT_GO or NBD_OPT_EXPORT_NAME.
+    with Server(t, ["memory:1M", "disk=" + _allocation_file(t)]) as s:
+        c = s.connect()
+        c.handshake()
+        rep_eq(c.opt_structured_reply(), nw.NBD_REP_ACK, "STRUCTURED_REPLY")
+        res = c.opt_set_meta_context("disk", ["base:allocation"])
+        rep_eq(res, nw.NBD_REP_ACK, "SET_META_CONTEXT disk")
+        c.opt_export_name("disk")
+        eq(c.export_size, 2 * MiB, "export size")
+        _check_allocation(c, res.contexts["base:allocation"])
+        c.disconnect()
+        # Contexts chosen for another export do not follow EXPORT_NAME.
+        c = s.connect()
+        c.handshake()
+        rep_eq(c.opt_structured_reply(), nw.NBD_REP_ACK, "STRUCTURED_REPLY")
+        rep_eq(c.opt_set_meta_context("", ["base:allocation"]),
+               nw.NBD_REP_ACK, "SET_META_CONTEXT of the default export")
+        c.opt_export_name("disk")
+        err_reply(c.block_status(0, 4096), nw.NBD_EINVAL,
+                  "BLOCK_STATUS with contexts of another export")
+        c.disconnect()
+
+
+@case
+def meta_context_kept_through_extended_headers(t):
+    # Only STARTTLS makes the server forget SET_META_CONTEXT; choosing the
+    # header style afterwards does not.
+    with Server(t, ["disk=" + _allocation_file(t)]) as s:
+        c = s.connect()
+        c.handshake()
+        rep_eq(c.opt_structured_reply(), nw.NBD_REP_ACK, "STRUCTURED_REPLY")
+        res = c.opt_set_meta_context("disk", ["base:allocation"])
+        rep_eq(res, nw.NBD_REP_ACK, "SET_META_CONTEXT disk")
+        rep_eq(c.opt_extended_headers(), nw.NBD_REP_ACK, "EXTENDED_HEADERS")
+        rep_eq(c.opt_go("disk"), nw.NBD_REP_ACK, "GO disk")
+        check(c.tflags & nw.NBD_FLAG_BLOCK_STAT_PAYLOAD, "BLOCK_STAT_PAYLOAD "
+              "not advertised with a context (tflags 0x%x)" % c.tflags)
+        _check_allocation(c, res.contexts["base:allocation"])
+        c.disconnect()
+
+
 @case
 def extended_and_structured_interplay(t):
     with Server(t, ["memory:64M"]) as s:

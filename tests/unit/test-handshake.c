@@ -249,13 +249,38 @@ Test(export_name, allowed_without_fixed_newstyle) {
   cr_assert_eq(out.len, 134);
 }
 
-Test(export_name, drops_meta_contexts) {
+/* proto.md: contexts set for the export "ultimately selected ... by
+ * NBD_OPT_GO (or NBD_OPT_EXPORT_NAME)" may be used. */
+Test(export_name, keeps_meta_contexts_of_the_same_export) {
   negotiate_structured();
   const char *q[] = {"base:allocation", NULL};
   struct buf b = meta_data("main", q);
   opt_buf(NBD_OPT_SET_META_CONTEXT, &b);
   cr_assert(hs.ctx_base);
   cr_assert_eq(opt_(NBD_OPT_EXPORT_NAME, "main", 4), HS_GO);
+  cr_assert(hs.ctx_base);
+  cr_assert_not(hs.ctx_depth);
+  cr_assert(hs.structured);
+}
+
+Test(export_name, default_name_keeps_meta_contexts_of_export_zero) {
+  negotiate_structured();
+  const char *q[] = {"base:allocation", "qemu:allocation-depth", NULL};
+  struct buf b = meta_data("main", q);
+  opt_buf(NBD_OPT_SET_META_CONTEXT, &b);
+  cr_assert_eq(opt_(NBD_OPT_EXPORT_NAME, "", 0), HS_GO);
+  cr_assert(hs.ctx_base);
+  cr_assert(hs.ctx_depth);
+}
+
+Test(export_name, drops_meta_contexts_of_another_export) {
+  negotiate_structured();
+  const char *q[] = {"base:allocation", NULL};
+  struct buf b = meta_data("main", q);
+  opt_buf(NBD_OPT_SET_META_CONTEXT, &b);
+  cr_assert(hs.ctx_base);
+  cr_assert_eq(opt_(NBD_OPT_EXPORT_NAME, "backup", 6), HS_GO);
+  cr_assert_eq(hs.export_index, 1);
   cr_assert_not(hs.ctx_base);
   cr_assert_not(hs.ctx_depth);
 }
@@ -707,15 +732,22 @@ Test(modes, extended_with_data) {
   cr_assert_not(hs.structured);
 }
 
-Test(modes, extended_drops_contexts) {
+/* Only STARTTLS resets the contexts (proto.md, SET_META_CONTEXT: "with no
+ * intervening NBD_OPT_STARTTLS"). */
+Test(modes, extended_keeps_contexts) {
   negotiate_structured();
   const char *q[] = {"base:allocation", "qemu:allocation-depth", NULL};
   struct buf m = meta_data("main", q);
   opt_buf(NBD_OPT_SET_META_CONTEXT, &m);
   cr_assert(hs.ctx_base);
   negotiate_extended();
-  cr_assert_not(hs.ctx_base);
-  cr_assert_not(hs.ctx_depth);
+  cr_assert(hs.ctx_base);
+  cr_assert(hs.ctx_depth);
+  struct buf b = info_data("main", 0, NULL);
+  cr_assert_eq(opt_buf(NBD_OPT_GO, &b), HS_GO);
+  cr_assert(hs.ctx_base);
+  cr_assert(hs.ctx_depth);
+  cr_assert(hs.tflags & NBD_FLAG_BLOCK_STAT_PAYLOAD);
 }
 
 /* ---- LIST_META_CONTEXT and SET_META_CONTEXT ---- */
