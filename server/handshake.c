@@ -215,6 +215,27 @@ static void info_reply(struct hs_out *out, uint32_t opt, uint16_t type,
   reply(out, opt, NBD_REP_INFO, t, 2, body, blen);
 }
 
+/* NBD_INFO_NAME and NBD_INFO_DESCRIPTION if asked for: once each, in the
+ * order first asked, however often the list repeats them (as qemu-nbd
+ * does): 64 KiB of requests would otherwise be 32,000 replies. */
+static void send_requested_infos(uint32_t opt, const struct hs_export *e,
+                                 const uint8_t *reqs, uint16_t nreqs,
+                                 struct hs_out *out) {
+  unsigned sent = 0;
+  for (uint16_t i = 0; i < nreqs; i++) {
+    uint16_t type = get_be16(reqs + 2 * i);
+    if ((type != NBD_INFO_NAME && type != NBD_INFO_DESCRIPTION) ||
+        (sent & (1u << type)))
+      continue;
+    sent |= 1u << type;
+    if (type == NBD_INFO_NAME)
+      info_reply(out, opt, NBD_INFO_NAME, e->name, strlen(e->name));
+    else
+      info_reply(out, opt, NBD_INFO_DESCRIPTION, e->description,
+                 strlen(e->description));
+  }
+}
+
 static void send_infos(struct hs_state *hs, uint32_t opt,
                        const struct hs_export *e, const uint8_t *reqs,
                        uint16_t nreqs, struct hs_out *out) {
@@ -228,14 +249,7 @@ static void send_infos(struct hs_state *hs, uint32_t opt,
   put_be32(body + 4, e->pref_block);
   put_be32(body + 8, e->max_block);
   info_reply(out, opt, NBD_INFO_BLOCK_SIZE, body, 12);
-  for (uint16_t i = 0; i < nreqs; i++) {
-    uint16_t type = get_be16(reqs + 2 * i);
-    if (type == NBD_INFO_NAME)
-      info_reply(out, opt, NBD_INFO_NAME, e->name, strlen(e->name));
-    else if (type == NBD_INFO_DESCRIPTION)
-      info_reply(out, opt, NBD_INFO_DESCRIPTION, e->description,
-                 strlen(e->description));
-  }
+  send_requested_infos(opt, e, reqs, nreqs, out);
 }
 
 static enum hs_result do_info_go(struct hs_state *hs,

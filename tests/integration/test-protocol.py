@@ -461,6 +461,35 @@ def info_known_export(t):
 
 
 @case
+def info_repeated_requests_answered_once(t):
+    # A request list that names one kind 30,000 times (60 KB, under the
+    # option size limit) gets one reply of that kind, as from qemu-nbd.
+    with Server(t, ["memory:64M", "disk=memory:1M"]) as s:
+        c = s.connect()
+        c.handshake()
+        for kind in (nw.NBD_INFO_BLOCK_SIZE, nw.NBD_INFO_NAME,
+                     nw.NBD_INFO_DESCRIPTION, nw.NBD_INFO_EXPORT):
+            res = c.opt_info("disk", [kind] * 30000)
+            rep_eq(res, nw.NBD_REP_ACK, "INFO asking for %d 30,000 times"
+                   % kind)
+            types = res.info["types"]
+            eq(len(types), len(set(types)), "INFO replies for %d 30,000 "
+               "times: %d replies of kinds %r" % (kind, len(types),
+                                                  sorted(set(types))))
+            check(kind in types, "kind %d not answered" % kind)
+        mixed = [nw.NBD_INFO_NAME, nw.NBD_INFO_DESCRIPTION,
+                 nw.NBD_INFO_BLOCK_SIZE, nw.NBD_INFO_EXPORT] * 7000
+        res = c.opt_go("disk", mixed)
+        rep_eq(res, nw.NBD_REP_ACK, "GO with four kinds 7,000 times each")
+        eq(sorted(res.info["types"]),
+           [nw.NBD_INFO_EXPORT, nw.NBD_INFO_NAME, nw.NBD_INFO_DESCRIPTION,
+            nw.NBD_INFO_BLOCK_SIZE], "kinds of INFO replies to GO")
+        eq(res.info["name"], "disk", "NBD_INFO_NAME")
+        ok_reply(c.read(0, 512), "read after GO")
+        c.disconnect()
+
+
+@case
 def info_unknown_export(t):
     with Server(t, ["memory:1M"]) as s:
         c = s.connect()

@@ -452,6 +452,28 @@ Test(info, name_and_description_on_request) {
   cr_assert_eq(v[4].type, NBD_REP_ACK);
 }
 
+/* Each kind is answered once, in the order first asked, however often
+ * the list repeats it (as qemu-nbd does): 64 KiB of requests must not
+ * become 32,000 replies. */
+Test(info, repeated_requests_answered_once) {
+  static const uint16_t kinds[] = {NBD_INFO_NAME, NBD_INFO_BLOCK_SIZE,
+                                   NBD_INFO_EXPORT, NBD_INFO_DESCRIPTION};
+  uint16_t reqs[4000];
+  for (unsigned i = 0; i < 4000; i++)
+    reqs[i] = i < 2000 ? NBD_INFO_NAME : kinds[i % 4];
+  struct buf b = info_data("main", 4000, reqs);
+  for (uint32_t opt = NBD_OPT_INFO; opt <= NBD_OPT_GO; opt++) {
+    opt_buf(opt, &b);
+    struct rep v[8];
+    cr_assert_eq(parse_replies(&out, v, 8), 5, "option %u", opt);
+    check_export_info(&v[0], opt, 0, MAIN_FLAGS | NBD_FLAG_HAS_FLAGS);
+    check_block_info(&v[1], opt, 0);
+    cr_assert_eq(get_be16(v[2].data), NBD_INFO_NAME);
+    cr_assert_eq(get_be16(v[3].data), NBD_INFO_DESCRIPTION);
+    cr_assert_eq(v[4].type, NBD_REP_ACK);
+  }
+}
+
 Test(info, name_for_default_export_is_the_real_name) {
   uint16_t reqs[] = {NBD_INFO_NAME};
   struct buf b = info_data("", 1, reqs);
