@@ -187,7 +187,10 @@ int check_main(int argc, char **argv) {
     return r;
   struct qcow2_check_result res;
   fflush(stdout);
-  if (qcow2_check_path(path, repair, share, stderr, &res) < 0) {
+  /* The summary of a repair goes to stdout, as qemu-img prints it (not
+   * with --output=json or -q). */
+  FILE *summary = out == OUT_HUMAN ? stdout : NULL;
+  if (qcow2_check_path(path, repair, share, stderr, summary, &res) < 0) {
     cli_error("check", NULL, "Check failed: %s", bd_errmsg());
     return 1;
   }

@@ -269,8 +269,20 @@ int qcow2_check(struct qcow2dev *q, enum qcow2_repair fix, FILE *report,
   return e;
 }
 
+/* What qemu-img prints on stdout between the repair and the check of the
+ * repaired image. */
+static void print_summary(FILE *f, const struct qcow2_check_result *res) {
+  fprintf(f,
+          "The following inconsistencies were found and repaired:\n\n"
+          "    %llu leaked clusters\n    %llu corruptions\n\n"
+          "Double checking the fixed image now...\n",
+          ull(res->leaks_fixed), ull(res->corruptions_fixed));
+  fflush(f);
+}
+
 int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
-                     FILE *report, struct qcow2_check_result *res) {
+                     FILE *report, FILE *summary,
+                     struct qcow2_check_result *res) {
   unsigned flags = BD_OPEN_READONLY | (share ? BD_OPEN_SHARE : 0);
   struct bd *bd = qcow2_open_check(path, repair ? 0 : flags);
   if (!bd)
@@ -278,12 +290,13 @@ int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
   struct qcow2dev *q = bd->priv;
   int e = qcow2_check(q, repair, report, res);
   if (e == 0 && (res->corruptions_fixed || res->leaks_fixed)) {
-    fprintf(report,
-            "The following inconsistencies were found and repaired:\n\n"
-            "    %llu leaked clusters\n    %llu corruptions\n\n"
-            "Double checking the fixed image now...\n",
-            ull(res->leaks_fixed), ull(res->corruptions_fixed));
+    struct qcow2_check_result repaired = *res;
+    if (summary)
+      print_summary(summary, res);
     e = qcow2_check(q, QCOW2_REPAIR_NONE, report, res);
+    /* The verdict is the second check's; what was fixed, the first's. */
+    res->leaks_fixed = repaired.leaks_fixed;
+    res->corruptions_fixed = repaired.corruptions_fixed;
   }
   int c = bd_close(bd);
   return e < 0 ? e : c;

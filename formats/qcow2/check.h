@@ -39,11 +39,14 @@ int qcow2_check(struct qcow2dev *q, enum qcow2_repair fix, FILE *report,
                 struct qcow2_check_result *res);
 
 /* `blockport check`: open PATH, check (repair if asked, then check again),
- * print the details to REPORT.  SHARE (-U, no repair only): check an image
- * another process writes.  Returns 0, or -errno with a message in
- * bd_errmsg() when the check could not run.  The verdict is in RES. */
+ * print the details to REPORT, and what was repaired, before the second
+ * check, to SUMMARY (may be NULL).  SHARE (-U, no repair only): check an
+ * image another process writes.  Returns 0, or -errno with a message in
+ * bd_errmsg() when the check could not run.  The verdict is in RES: the
+ * second check's, with the first one's counts of what it fixed. */
 int qcow2_check_path(const char *path, enum qcow2_repair repair, bool share,
-                     FILE *report, struct qcow2_check_result *res);
+                     FILE *report, FILE *summary,
+                     struct qcow2_check_result *res);
 
 /* rebuild.c: new refcount blocks and table written after the end of the
  * file from the reference counts *N (COUNT clusters; *N is grown to cover

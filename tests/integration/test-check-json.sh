@@ -4,8 +4,10 @@
 # same images: clean ones (plain, fragmented, compressed, with a backing
 # file), a leak, an OFLAG_COPIED corruption and a cluster whose refcount is
 # 0: the same JSON object (parsed) and the same exit status, the JSON alone
-# on stdout with each problem named on stderr.  Also -f, -q, --output
-# human and a wrong --output.
+# on stdout with each problem named on stderr; repairing them, the same
+# JSON (with leaks-fixed, corruptions-fixed) and, as text, the same stdout
+# (the summary of the repair) and stderr.  Also -f, -q, --output human and
+# a wrong --output.
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io
 META=$(cd "$(dirname "$0")" && pwd)/qcow2meta.py
@@ -71,6 +73,37 @@ host=$((entry & 0x00fffffffffffe00))
 "$PY" "$META" poke zero.qcow2 $((RB + 2 * (host / CS)))=0
 same_json zero.qcow2
 
+check "repairs: the JSON counts what was fixed; the summary is on stdout"
+# same_repair MODE IMAGE [STDERR]: repairing copies of IMAGE, both
+# checkers print the same JSON, as text the same stdout, and with STDERR the
+# same stderr.  (Not after a rebuild of the refcounts: qemu-img names the
+# old structure's clusters as it frees them, blockport's rebuild never
+# counts them.)
+same_repair() {
+    local mode=$1 img=$2 stderr=${3:-} qrc=0 brc=0 f
+    for f in json human; do
+        cp "$img" q.qcow2
+        cp "$img" b.qcow2
+        qemu-img check --output=$f -r "$mode" q.qcow2 >q.$f 2>q.err || qrc=$?
+        "$BLOCKPORT" check --output=$f -r "$mode" b.qcow2 >b.$f 2>b.err || brc=$?
+        ((qrc == brc)) || fail "$img -r $mode --output=$f: exit $brc, qemu-img $qrc"
+        [[ -z $stderr ]] || diff -u <(sed 's/^qemu-img: //' q.err) b.err ||
+            fail "$img -r $mode --output=$f: stderr differs"
+        ! grep -q "were found and repaired" b.err || fail "summary on stderr"
+    done
+    sed -i 's/q\.qcow2/b.qcow2/' q.json
+    "$PY" - q.json b.json <<'PY' || { cat q.json b.json; fail "$img -r $mode: the JSON differs"; }
+import json, sys
+q, b = (json.load(open(p)) for p in sys.argv[1:3])
+sys.exit(0 if q == b and ("leaks-fixed" in q or "corruptions-fixed" in q) else 1)
+PY
+    diff -u q.human b.human || fail "$img -r $mode: stdout differs"
+    ok "$img -r $mode: same JSON (with what was fixed), same text on each stream"
+}
+same_repair leaks leak.qcow2 stderr
+same_repair all copied.qcow2 stderr
+same_repair all zero.qcow2
+
 check "-f, -q, --output"
 rc=0
 "$BLOCKPORT" check --output=json -f raw data.raw >out 2>err || rc=$?
@@ -83,4 +116,8 @@ grep -q "No errors were found on the image." out || fail "--output=human"
 rc=0
 "$BLOCKPORT" check --output=xml plain.qcow2 2>err || rc=$?
 ((rc == 1)) && grep -q "human or json" err || fail "--output=xml: $rc"
-ok "-f raw exits 63, -q prints nothing, human is the default, xml refused"
+rc=0
+cp leak.qcow2 b.qcow2
+"$BLOCKPORT" check -q -r leaks b.qcow2 >out 2>/dev/null || rc=$?
+((rc == 0)) && [[ ! -s out ]] || fail "-q -r leaks: exit $rc, stdout '$(cat out)'"
+ok "-f raw exits 63, -q prints nothing (not even after a repair), human is the default, xml refused"
