@@ -839,8 +839,9 @@ static int read_header(struct qcow2dev *q, uint8_t **hdr) {
   int r = io_pread_zero(q->fd, *hdr, len, 0);
   if (r < 0)
     qcow2_err(r, "%s", strerror(-r));
-  else
-    r = qcow2_parse_header(*hdr, len, q->file_size, &q->h);
+  else /* check: tables past the end of the file are refs.c's to judge */
+    r = qcow2_parse_header(*hdr, len, q->for_check ? UINT64_MAX : q->file_size,
+                           &q->h);
   if (r < 0) {
     char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
     snprintf(why, sizeof why, "%s", bd_errmsg());

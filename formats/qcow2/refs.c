@@ -229,12 +229,57 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
   return e;
 }
 
+/* A snapshot table that starts at or past the end of the file: nothing of
+ * it can be read (QEMU reads zeroes: an empty, incomplete entry per
+ * snapshot, whose 40 bytes it counts past the end, a second corruption).
+ * --repair all drops it from the header (QEMU writes the empty entries
+ * back); the snapshots' clusters, already unreferenced, leak.  1 when
+ * done with the table, 0 when it is to be read, or -errno. */
+static int snapshots_past_end(struct refs *r) {
+  struct qcow2dev *q = r->q;
+  uint64_t off = q->h.snapshots_offset, size = 40ull * q->h.nb_snapshots;
+  if (off < q->file_size && size <= q->file_size - off)
+    return 0;
+  if (off < q->file_size) { /* partly inside: refused, as at any open */
+    r->res->check_errors++;
+    bd_set_error("qcow2 %s: invalid snapshot table", q->path);
+    return -EINVAL;
+  }
+  bool fix = r->fix & QCOW2_REPAIR_ERRORS;
+  corrupt(r,
+          "%s snapshot table (0x%llx, %u snapshots) is past the end of "
+          "the file",
+          fix ? "Repairing" : "ERROR", ull(off), q->h.nb_snapshots);
+  if (!fix) {
+    ref_range(r, off, size);
+    return 1;
+  }
+  uint8_t none[12] = {0}; /* nb_snapshots, snapshots_offset */
+  int e = io_pwrite_all(q->fd, none, sizeof none, 60);
+  if (e == 0)
+    e = io_fdatasync(q->fd);
+  if (e < 0) {
+    r->res->check_errors++;
+    bd_set_error("qcow2 %s: dropping the snapshot table: %s", q->path,
+                 strerror(-e));
+    return e;
+  }
+  q->h.nb_snapshots = 0;
+  q->h.snapshots_offset = 0;
+  r->res->corruptions--;
+  r->res->corruptions_fixed++;
+  return 1;
+}
+
 /* The snapshot table: its own clusters, and each snapshot's L1 tree. */
 static int walk_snapshots(struct refs *r) {
   struct qcow2dev *q = r->q;
   if (q->h.nb_snapshots == 0)
     return 0;
-  uint64_t avail = q->file_size - q->h.snapshots_offset; /* header checked */
+  int past = snapshots_past_end(r);
+  if (past != 0)
+    return past < 0 ? past : 0;
+  uint64_t avail = q->file_size - q->h.snapshots_offset;
   size_t len = 64 * 1024;
   for (;;) {
     if (len > avail)
