@@ -92,7 +92,7 @@ static int read_snapshots(struct qcow2dev *q, struct qcow2_snapshot **snaps,
       len *= 4;
       continue;
     }
-    if (r == -ENOSPC || r == -EINVAL) {
+    if (r == -ENOSPC || r == -EINVAL || r == -EFBIG) {
       char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
       snprintf(why, sizeof why, "%s", bd_errmsg());
       return refuse(q, "snapshot table", why);

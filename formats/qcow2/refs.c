@@ -271,8 +271,30 @@ static int snapshots_past_end(struct refs *r) {
   return 1;
 }
 
-/* The snapshot table: its own clusters, and each snapshot's L1 tree. */
-static int walk_snapshots(struct refs *r) {
+/* Why the snapshot table could not be parsed (E): a corruption (its
+ * snapshots are not walked), or the end of the check (-errno). */
+static int snapshot_table_error(struct refs *r, int e) {
+  struct qcow2dev *q = r->q;
+  char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+  snprintf(why, sizeof why, "%s", e < 0 ? bd_errmsg() : "");
+  if (e == -EINVAL || e == -ENOSPC) {
+    corrupt(r, "ERROR invalid snapshot table (0x%llx): %s",
+            ull(q->h.snapshots_offset), why);
+    return 0;
+  }
+  if (e < 0) {
+    /* Too much extra data in an entry (-EFBIG): QEMU cannot read the
+     * table either, and stops (only its -r all tries to drop the extra
+     * data, and fails on its way). */
+    r->res->check_errors++;
+    bd_set_error("qcow2 %s: failed to read the snapshot table: %s", q->path,
+                 e == -EFBIG ? why : strerror(-e));
+  }
+  return e;
+}
+
+/* Read and parse the snapshot table into R->snaps, first, as QEMU does. */
+static int read_snapshots(struct refs *r) {
   struct qcow2dev *q = r->q;
   if (q->h.nb_snapshots == 0)
     return 0;
@@ -287,37 +309,45 @@ static int walk_snapshots(struct refs *r) {
     uint8_t *buf = malloc(len ? len : 1);
     int e =
         buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
-    struct qcow2_snapshot *snaps = NULL;
-    size_t used = 0;
-    /* Cluster size 1 and no end of file: each snapshot's L1 table is
-     * judged below, one snapshot at a time. */
+    /* Cluster size 0: each snapshot's L1 table is judged below. */
     if (e == 0)
-      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, 1, UINT64_MAX,
-                                &snaps, &used);
+      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, 0, 0, &r->snaps,
+                                &r->snaps_used);
     free(buf);
     if (e == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
       len *= 4; /* the table is longer: read more */
       continue;
     }
-    if (e == -EINVAL || e == -ENOSPC) {
-      corrupt(r, "ERROR invalid snapshot table (0x%llx): %s",
-              ull(q->h.snapshots_offset), bd_errmsg());
-      return 0;
-    }
-    for (uint32_t i = 0; e == 0 && i < q->h.nb_snapshots; i++) {
-      if (snaps[i].l1_offset & (q->csize - 1))
-        corrupt(r,
-                "ERROR snapshot %s (%s) l1_offset=%#llx: L1 table is not "
-                "cluster aligned; snapshot table entry corrupted",
-                snaps[i].id, snaps[i].name, ull(snaps[i].l1_offset));
-      else
-        e = walk_l1(r, snaps[i].l1_offset, snaps[i].l1_size, false);
-    }
     if (e == 0)
-      ref_range(r, q->h.snapshots_offset, used);
-    qcow2_free_snapshots(snaps, q->h.nb_snapshots);
-    return e;
+      r->nsnaps = q->h.nb_snapshots;
+    return snapshot_table_error(r, e);
   }
+}
+
+/* Each snapshot's L1 tree, then the table's own clusters.  An L1 table
+ * that is unaligned or too large is a corruption of its entry (not
+ * walked), as in QEMU. */
+static int walk_snapshots(struct refs *r) {
+  struct qcow2dev *q = r->q;
+  int e = 0;
+  for (uint32_t i = 0; e == 0 && i < r->nsnaps; i++) {
+    const struct qcow2_snapshot *s = &r->snaps[i];
+    if (s->l1_offset & (q->csize - 1))
+      corrupt(r,
+              "ERROR snapshot %s (%s) l1_offset=%#llx: L1 table is not "
+              "cluster aligned; snapshot table entry corrupted",
+              s->id, s->name, ull(s->l1_offset));
+    else if ((uint64_t)s->l1_size * 8 > QCOW2_MAX_L1_BYTES)
+      corrupt(r,
+              "ERROR snapshot %s (%s) l1_size=%#x: L1 table is too large; "
+              "snapshot table entry corrupted",
+              s->id, s->name, s->l1_size);
+    else
+      e = walk_l1(r, s->l1_offset, s->l1_size, false);
+  }
+  if (e == 0 && r->snaps)
+    ref_range(r, q->h.snapshots_offset, r->snaps_used);
+  return e;
 }
 
 /* The refcount blocks the table names: each must be a cluster of the file
@@ -428,6 +458,8 @@ static int setup(struct qcow2dev *q, struct refs *r) {
 
 int qcow2_count_refs(struct qcow2dev *q, struct refs *r, bool refcounts) {
   int e = setup(q, r);
+  if (e == 0)
+    e = read_snapshots(r);
   if (e == 0) {
     ref_range(r, 0, q->csize); /* header, extensions, backing file name */
     e = walk_l1(r, q->h.l1_offset, q->h.l1_size, true);
@@ -446,6 +478,9 @@ int qcow2_count_refs(struct qcow2dev *q, struct refs *r, bool refcounts) {
 void qcow2_refs_free(struct refs *r) {
   free(r->n);
   free(r->tbl);
+  qcow2_free_snapshots(r->snaps, r->nsnaps);
   r->n = NULL;
   r->tbl = NULL;
+  r->snaps = NULL;
+  r->nsnaps = 0;
 }

@@ -11,6 +11,7 @@
 #include "check.h"
 
 struct qcow2dev;
+struct qcow2_snapshot;
 
 struct refs {
   struct qcow2dev *q;
@@ -23,6 +24,9 @@ struct refs {
   uint32_t max;   /* the most references a refcount can hold */
   bool rebuild;   /* the refcount structure must be rebuilt */
   uint8_t *tbl;   /* one cluster: the table being walked */
+  struct qcow2_snapshot *snaps; /* the snapshot table, once parsed */
+  uint32_t nsnaps;
+  size_t snaps_used; /* its bytes */
 };
 
 /* What an L2 entry describes, as QEMU classifies it. */

@@ -30,6 +30,23 @@ static int short_table(size_t len, uint32_t i) {
   return qcow2_err(-ENOSPC, "snapshot table is truncated (entry %u)", i);
 }
 
+/* Snapshot I's L1 table: not too large, aligned, inside the file. */
+static int l1_ok(const struct qcow2_snapshot *s, uint32_t i, uint64_t csize,
+                 uint64_t file_size) {
+  if ((uint64_t)s->l1_size * 8 > QCOW2_MAX_L1_BYTES)
+    return qcow2_err(-EINVAL,
+                     "snapshot %u: L1 table of %u entries is too large", i,
+                     s->l1_size);
+  if (s->l1_size && (s->l1_offset % csize || s->l1_offset > file_size ||
+                     (uint64_t)s->l1_size * 8 > file_size - s->l1_offset))
+    return qcow2_err(
+        -EINVAL,
+        "snapshot %u: L1 table offset 0x%llx is unaligned or past the "
+        "end of the file",
+        i, (unsigned long long)s->l1_offset);
+  return 0;
+}
+
 static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
                      uint64_t file_size, struct qcow2_snapshot *s,
                      size_t *elen) {
@@ -45,8 +62,8 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
   uint32_t extra = get_be32(p + 36);
   s->disk_size = s->icount = UINT64_MAX;
   if (extra > QCOW2_MAX_SNAPSHOT_EXTRA)
-    return qcow2_err(
-        -EINVAL, "snapshot %u: extra data of %u bytes is too large", i, extra);
+    return qcow2_err(-EFBIG, "snapshot %u: extra data of %u bytes is too large",
+                     i, extra);
   uint64_t total = 40ull + extra + id_len + name_len;
   if (total > avail)
     return -ENOSPC;
@@ -64,17 +81,9 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
     s->disk_size = get_be64(x + 8);
   if (extra >= 24)
     s->icount = get_be64(x + 16);
-  if ((uint64_t)s->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-    return qcow2_err(-EINVAL,
-                     "snapshot %u: L1 table of %u entries is too large", i,
-                     s->l1_size);
-  if (s->l1_size && (s->l1_offset % csize || s->l1_offset > file_size ||
-                     (uint64_t)s->l1_size * 8 > file_size - s->l1_offset))
-    return qcow2_err(
-        -EINVAL,
-        "snapshot %u: L1 table offset 0x%llx is unaligned or past the "
-        "end of the file",
-        i, (unsigned long long)s->l1_offset);
+  int r = csize ? l1_ok(s, i, csize, file_size) : 0;
+  if (r < 0)
+    return r;
   const uint8_t *id = x + extra, *name = id + id_len;
   if (memchr(id, 0, id_len) || memchr(name, 0, name_len))
     return qcow2_err(-EINVAL, "snapshot %u: ID or name contains NUL", i);
@@ -93,7 +102,7 @@ int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
   *used = 0;
   if (nb > QCOW2_MAX_SNAPSHOTS)
     return qcow2_err(-EINVAL, "too many snapshots (%u)", nb);
-  if (csize == 0 || (csize & (csize - 1)))
+  if (csize & (csize - 1))
     return qcow2_err(-EINVAL, "invalid cluster size");
   if (len > QCOW2_MAX_SNAPSHOTS_BYTES)
     len = QCOW2_MAX_SNAPSHOTS_BYTES;

@@ -26,11 +26,13 @@ struct qcow2_snapshot {
 };
 
 /* Parse NB entries from BUF (LEN bytes, the table starting at offset 0).
- * CLUSTER_SIZE and FILE_SIZE are used to check each snapshot's L1 table.
+ * CLUSTER_SIZE and FILE_SIZE are used to check each snapshot's L1 table
+ * (CLUSTER_SIZE 0: not checked, the check judges each one itself).
  * Returns 0 with *OUT (free with qcow2_free_snapshots) and *USED (bytes of
  * the table), -ENOSPC if BUF is too short for the table (read more, up to
- * QCOW2_MAX_SNAPSHOTS_BYTES, and retry), or -EINVAL with a reason in
- * bd_errmsg(). */
+ * QCOW2_MAX_SNAPSHOTS_BYTES, and retry), -EFBIG for an entry with more
+ * extra data than QCOW2_MAX_SNAPSHOT_EXTRA (QEMU cannot read the table
+ * either), or -EINVAL; with a reason in bd_errmsg(). */
 int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
                           uint64_t cluster_size, uint64_t file_size,
                           struct qcow2_snapshot **out, size_t *used);

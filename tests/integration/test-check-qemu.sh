@@ -116,6 +116,9 @@ elif act == "bitmap-data-rc":
     set_rc((u64(bitmap_table(a[0])) & M) >> cb, a[1])
 elif act == "snap-l1":  # the first snapshot's L1 table offset
     w64(struct.unpack(">Q", h[64:72])[0], a[0])
+elif act == "snap-hdr32":  # a 32-bit field of the first snapshot's entry
+    f.seek(struct.unpack(">Q", h[64:72])[0] + a[0])
+    f.write(struct.pack(">I", a[1]))
 elif act == "snap-l1-xor":
     so = struct.unpack(">Q", h[64:72])[0]
     w64(so, u64(so) ^ a[0])
@@ -324,6 +327,9 @@ case_ "snapshot L1 table past the end of the file" snapshots no \
 case_ "L1 table past the end of the file" plain no hdr64 40 $((1 << 28))
 case_ "snapshot table past the end of the file" snapshots yes \
   hdr64 64 $((1 << 28))
+# 1 MiB of extra data in an entry (over QEMU's 1 KiB): the table cannot be
+# read, the check stops (qemu-img -r all tries and fails: 1 all along).
+case_ "snapshot with 1 MiB of extra data" snapshots no snap-hdr32 36 $((1 << 20))
 
 check "header fields (the image does not open: 1 from both)"
 case_ "cluster_bits 8" plain no hdr32 20 8

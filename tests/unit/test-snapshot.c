@@ -135,7 +135,7 @@ Test(snapshot, bad_fields) {
   size_t off = 0;
   uint8_t *p = put_entry(b, &off, "1", "a", 16);
   w32(p + 36, 1025); /* extra data too large */
-  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EINVAL);
+  cr_assert_eq(parse(b, sizeof b, 1, &s, err), -EFBIG);
   off = 0;
   p = put_entry(b, &off, "1", "a", 16);
   w16(p + 12, 0); /* empty ID */
@@ -160,6 +160,20 @@ Test(snapshot, bad_fields) {
   p = put_entry(b, &off, "1", "a", 16);
   w16(p + 14, 0xffff); /* name runs past the buffer */
   cr_assert_eq(parse(b, sizeof b, 1, &s, err), -ENOSPC);
+}
+
+/* Cluster size 0: the L1 tables are left to the caller (the check). */
+Test(snapshot, l1_not_judged) {
+  uint8_t b[4096];
+  size_t off = 0, used;
+  uint8_t *p = put_entry(b, &off, "1", "a", 16);
+  w64(p, 3 * CS + 512);   /* unaligned */
+  w32(p + 8, 0x01000000); /* too large */
+  struct qcow2_snapshot *s;
+  cr_assert_eq(qcow2_parse_snapshots(b, off, 1, 0, 0, &s, &used), 0, "%s",
+               bd_errmsg());
+  cr_assert_eq(s[0].l1_size, 0x01000000u);
+  qcow2_free_snapshots(s, 1);
 }
 
 Test(snapshot, empty) {
