@@ -153,6 +153,86 @@ static int check_copied(struct refs *r, enum qcow2_repair fix) {
   return e;
 }
 
+/* ---- whether the COPIED repairs can be written ---- */
+
+/* Whether COPIED in ENTRY will be wrong for the cluster at OFF once the
+ * refcounts are repaired (each one then its count of references). */
+static bool copied_will_be_wrong(struct refs *r, uint64_t entry, uint64_t off,
+                                 bool in_data_file) {
+  uint64_t c = off >> r->q->h.cluster_bits, rc;
+  if (in_data_file)
+    rc = 1;
+  else if (c < r->used)
+    rc = r->n[c];
+  else if (qcow2_rc_get(r->q, c, &rc) < 0)
+    return false;
+  return (rc == 1) != !!(entry & QCOW2_L2_COPIED);
+}
+
+/* Whether the repair will change a COPIED flag in the L2 table at L2OFF. */
+static bool l2_will_change(struct refs *r, uint64_t l2off) {
+  struct qcow2dev *q = r->q;
+  unsigned esize = q->g.extended_l2 ? 16 : 8;
+  if (io_pread_zero(q->fd, r->tbl, q->csize, l2off) < 0)
+    return false; /* the repair will say it */
+  for (uint64_t j = 0; j < q->csize / esize; j++) {
+    uint64_t entry = get_be64(r->tbl + j * esize);
+    enum qcow2_l2_type t = qcow2_l2_type(q, entry);
+    if ((t == L2_NORMAL || t == L2_ZERO_ALLOC) &&
+        copied_will_be_wrong(r, entry, entry & QCOW2_OFFSET_MASK,
+                             q->g.data_file))
+      return true;
+  }
+  return false;
+}
+
+/* The table the COPIED repair would write over other metadata (a snapshot's
+ * L1 table in an active L2 table, ...): 0, or the kinds it overlaps with
+ * *AT (and *WHAT) set. */
+static unsigned copied_overlap(struct refs *r, uint64_t *at,
+                               const char **what) {
+  struct qcow2dev *q = r->q;
+  for (uint32_t i = 0; i < q->h.l1_size; i++) {
+    uint64_t l1e = q->l1[i], l2off = l1e & QCOW2_OFFSET_MASK;
+    if (!l2off)
+      continue;
+    *at = q->h.l1_offset + i * 8ull;
+    *what = "L1 table";
+    unsigned k = qcow2_ol_check(r->ol, *at, 8, QCOW2_OL_ACTIVE_L1);
+    if (k && copied_will_be_wrong(r, l1e, l2off, false))
+      return k;
+    *at = l2off;
+    *what = "L2 table";
+    k = qcow2_ol_check(r->ol, l2off, q->csize,
+                       QCOW2_OL_ACTIVE_L2 | QCOW2_OL_INACTIVE_L2);
+    if (k && l2_will_change(r, l2off))
+      return k;
+  }
+  return 0;
+}
+
+/* QEMU writes the COPIED repairs through its overlap checks: one that
+ * would land on other metadata fails, and so does its check (1), having
+ * repaired the refcounts (its failure loses them) and marked the image
+ * corrupt.  Known before anything is written here: nothing is, and the
+ * check fails alike.  0, or -EIO. */
+static int copied_writable(struct refs *r) {
+  uint64_t at = 0;
+  const char *what = NULL;
+  unsigned k = copied_overlap(r, &at, &what);
+  if (!k)
+    return 0;
+  qcow2_say(r,
+            "ERROR: Could not write %s at 0x%llx: it overlaps with the %s; "
+            "nothing repaired",
+            what, ull(at), qcow2_ol_name(k));
+  r->res->check_errors++;
+  bd_set_error("qcow2 %s: the COPIED flags of the %s at 0x%llx cannot be "
+               "repaired: it overlaps with the %s",
+               r->q->path, what, ull(at), qcow2_ol_name(k));
+  return -EIO;
+}
+
 /* ---- repairs ---- */
 
 /* Clear the dirty and corrupt bits, after everything else is durable. */
@@ -232,6 +312,14 @@ static int check_refcounts(struct qcow2dev *q, struct refs *r,
   /* Compare, and if it finds what FIX may mend, compare again, mending. */
   struct qcow2_check_result counted = *res;
   compare(r, QCOW2_REPAIR_NONE, &highest);
+  /* The COPIED flags are repaired by --repair all, and by --repair leaks
+   * when the leaks are all that is wrong. */
+  if ((fix & QCOW2_REPAIR_ERRORS) ||
+      (fix && !res->corruptions && !res->check_errors)) {
+    e = copied_writable(r);
+    if (e < 0)
+      return e;
+  }
   if (r->rebuild && (fix & QCOW2_REPAIR_ERRORS)) {
     e = rebuild(q, r, &highest);
   } else if (fix && r->rebuild) {

@@ -38,6 +38,18 @@ static unsigned long long ull(uint64_t v) {
   return (unsigned long long)v;
 }
 
+/* Metadata of KIND at [off, off+len), in R->ol as far as it lies inside
+ * the file (only the repairs' writes, all inside, are looked up). */
+static void mark(struct refs *r, unsigned kind, uint64_t off, uint64_t len) {
+  uint64_t end = r->count << r->q->h.cluster_bits;
+  if (len == 0 || off >= end)
+    return;
+  if (len > end - off)
+    len = end - off;
+  if (qcow2_ol_mark(r->ol, off, len, kind) < 0)
+    r->nomem = true;
+}
+
 /* One reference to each cluster [off, off+len) touches.  The last cluster
  * of a file may end early; a range that goes a cluster or more past the
  * end is an error and counts nothing. */
@@ -204,6 +216,8 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
   if (bytes == 0)
     return 0;
   ref_range(r, l1off, bytes);
+  if (active)
+    mark(r, QCOW2_OL_ACTIVE_L1, l1off, bytes);
   uint8_t *l1 = malloc(bytes);
   int e = l1 ? io_pread_zero(q->fd, l1, bytes, l1off) : -ENOMEM;
   if (e < 0) {
@@ -218,6 +232,8 @@ static int walk_l1(struct refs *r, uint64_t l1off, uint32_t l1size,
     if (!l2off)
       continue;
     ref_range(r, l2off, q->csize);
+    mark(r, active ? QCOW2_OL_ACTIVE_L2 : QCOW2_OL_INACTIVE_L2, l2off,
+         q->csize);
     if (l2off & (q->csize - 1))
       corrupt(r,
               "ERROR l2_offset=%llx: Table is not cluster aligned; L1 entry "
@@ -332,6 +348,8 @@ static int walk_snapshots(struct refs *r) {
   int e = 0;
   for (uint32_t i = 0; e == 0 && i < r->nsnaps; i++) {
     const struct qcow2_snapshot *s = &r->snaps[i];
+    /* Where QEMU's overlap checks place it, whether it is walked or not. */
+    mark(r, QCOW2_OL_INACTIVE_L1, s->l1_offset, s->l1_size * 8ull);
     if (s->l1_offset & (q->csize - 1))
       corrupt(r,
               "ERROR snapshot %s (%s) l1_offset=%#llx: L1 table is not "
@@ -345,8 +363,10 @@ static int walk_snapshots(struct refs *r) {
     else
       e = walk_l1(r, s->l1_offset, s->l1_size, false);
   }
-  if (e == 0 && r->snaps)
+  if (e == 0 && r->snaps) {
     ref_range(r, q->h.snapshots_offset, r->snaps_used);
+    mark(r, QCOW2_OL_SNAPSHOT_TABLE, q->h.snapshots_offset, r->snaps_used);
+  }
   return e;
 }
 
@@ -374,6 +394,7 @@ static void walk_refblocks(struct refs *r) {
         r->rebuild = true;
     } else if (off) {
       ref_range(r, off, q->csize);
+      mark(r, QCOW2_OL_REFCOUNT_BLOCK, off, q->csize);
       if (r->n[c] != 1) {
         corrupt(r, "ERROR refcount block %llu refcount=%u", ull(i), r->n[c]);
         r->rebuild = true;
@@ -415,6 +436,7 @@ static int walk_bitmaps(struct refs *r) {
   if (q->h.bitmaps_nb == 0)
     return 0;
   ref_range(r, q->h.bitmaps_dir_offset, q->h.bitmaps_dir_size);
+  mark(r, QCOW2_OL_BITMAPS, q->h.bitmaps_dir_offset, q->h.bitmaps_dir_size);
   size_t len = (size_t)q->h.bitmaps_dir_size;
   uint8_t *dir = malloc(len ? len : 1);
   int e =
@@ -448,7 +470,8 @@ static int setup(struct qcow2dev *q, struct refs *r) {
   /* A reference may reach into the cluster after an unaligned end. */
   r->n = calloc(r->count + 1, sizeof *r->n);
   r->tbl = malloc(q->csize);
-  if (!r->n || !r->tbl) {
+  r->ol = qcow2_ol_new(q->h.cluster_bits);
+  if (!r->n || !r->tbl || !r->ol) {
     r->res->check_errors++;
     bd_set_error("out of memory");
     return -ENOMEM;
@@ -466,12 +489,20 @@ int qcow2_count_refs(struct qcow2dev *q, struct refs *r, bool refcounts) {
   }
   if (e == 0)
     e = walk_snapshots(r);
-  if (e == 0 && refcounts)
+  if (e == 0 && refcounts) {
     ref_range(r, q->h.reftable_offset, q->reftable_entries * 8);
+    mark(r, QCOW2_OL_REFCOUNT_TABLE, q->h.reftable_offset,
+         q->reftable_entries * 8);
+  }
   if (e == 0)
     e = walk_bitmaps(r);
   if (e == 0 && refcounts)
     walk_refblocks(r);
+  if (e == 0 && r->nomem) {
+    r->res->check_errors++;
+    bd_set_error("out of memory");
+    e = -ENOMEM;
+  }
   return e;
 }
 
@@ -479,6 +510,8 @@ void qcow2_refs_free(struct refs *r) {
   free(r->n);
   free(r->tbl);
   qcow2_free_snapshots(r->snaps, r->nsnaps);
+  qcow2_ol_free(r->ol);
+  r->ol = NULL;
   r->n = NULL;
   r->tbl = NULL;
   r->snaps = NULL;

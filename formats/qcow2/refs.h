@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "check.h"
+#include "overlap.h"
 
 struct qcow2dev;
 struct qcow2_snapshot;
@@ -27,6 +28,11 @@ struct refs {
   struct qcow2_snapshot *snaps; /* the snapshot table, once parsed */
   uint32_t nsnaps;
   size_t snaps_used; /* its bytes */
+  /* Where the metadata lies, for the repairs, as QEMU's overlap checks
+   * see it: header, active and snapshot L1 tables, L2 tables, refcount
+   * table and blocks, snapshot table, bitmap directory. */
+  struct qcow2_ol *ol;
+  bool nomem; /* the map could not be built */
 };
 
 /* What an L2 entry describes, as QEMU classifies it. */
