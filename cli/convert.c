@@ -554,7 +554,11 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
   copy_shape(&cp, d);
   struct bd_open_opts so = BD_OPEN_OPTS_INIT;
   so.format = sfmt;
-  so.flags = share ? BD_OPEN_SHARE : BD_OPEN_READONLY;
+  /* As qemu-img convert's source: nobody may write or resize it meanwhile
+   * (a raw file locks as asked; qcow2 always does). */
+  so.flags =
+      share ? BD_OPEN_SHARE
+            : BD_OPEN_READONLY | BD_OPEN_UNSHARE_WRITE | BD_OPEN_UNSHARE_RESIZE;
   so.cache = d->src_cache;
   cp.src = bd_open_with(src_path, &so);
   if (!cp.src) {

@@ -44,9 +44,9 @@ static const char info_usage[] =
     "                      --output=json`\n"
     "      --output=human|json   the same, as qemu-img spells it\n"
     "      --backing-chain show every image of the backing chain\n"
-    "  -U, --force-share   read an image that another process writes\n"
+    "  -U, --force-share   read a qcow2 image that another process writes\n"
     "                      (without it, such an image is refused, as\n"
-    "                      qemu-img refuses it)\n"
+    "                      qemu-img refuses it; a raw file never is)\n"
     "  -h, --help          show this help\n"
     "\n"
     "Exit status: 0 success, 1 bad usage, or the image cannot be read or\n"
@@ -119,6 +119,17 @@ static int read_rbd(const char *spec, struct image *im) {
   return 0;
 }
 
+/* Locked as qemu-img info locks a qcow2 image: a reader that refuses
+ * writers, its metadata must hold still.  A raw file is not locked at
+ * all: qemu-img info opens it without I/O, and QEMU's raw then asks
+ * nothing of the file (a writer of it may be running). */
+static int lock_qcow2(int fd, const char *path) {
+  enum filelock_use use = force_share ? FILELOCK_USE_SHARED : FILELOCK_USE_READ;
+  if (filelock_take(fd, path, use, false) < 0)
+    return fail("%s", without_path(bd_errmsg(), path));
+  return 0;
+}
+
 static int read_image(const char *path, const char *format, struct image *im) {
   memset(im, 0, sizeof *im);
   if (!(im->filename = strdup(path)))
@@ -139,12 +150,6 @@ static int read_image(const char *path, const char *format, struct image *im) {
     close(fd);
     return fail("not a regular file or block device");
   }
-  /* Locked as qemu-img info locks: a reader that refuses writers. */
-  enum filelock_use use = force_share ? FILELOCK_USE_SHARED : FILELOCK_USE_READ;
-  if (filelock_take(fd, path, use, false) < 0) {
-    close(fd);
-    return fail("%s", without_path(bd_errmsg(), path));
-  }
   im->dev = st.st_dev;
   im->ino = st.st_ino;
   im->file_size = (uint64_t)st.st_size;
@@ -164,6 +169,10 @@ static int read_image(const char *path, const char *format, struct image *im) {
   }
   if (!format)
     format = probed;
+  if (!strcmp(format, "qcow2") && lock_qcow2(fd, path) < 0) {
+    close(fd);
+    return -1;
+  }
   int r = 0;
   if (!strcmp(format, "qcow2")) {
     im->format = "qcow2";

@@ -17,8 +17,9 @@ static const char map_usage[] =
     "(depth), whether it is allocated (present), reads as zeroes, holds data,\n"
     "and at which offset of which file.  --output=json (or --json) prints\n"
     "the fields of `qemu-img map --output=json`; --output=human (the\n"
-    "default) its table.  -U/--force-share maps an image that\n"
-    "another process writes (without it, such an image is refused).\n"
+    "default) its table.  -U/--force-share maps a qcow2 image that\n"
+    "another process writes (without it, such an image is refused; a raw\n"
+    "file is mapped beside a writer, as qemu-img map maps it).\n"
     "IMAGE may be an NBD URI or rbd:POOL/IMAGE[@SNAP] (with fast-diff, an\n"
     "RBD image maps by whole objects, as qemu-img map shows it).\n"
     "Exit status: 0 success, 1 bad usage or the image cannot be read.\n";

@@ -313,6 +313,15 @@ enum {
    * image does not hold copies them whole into the image (QEMU's
    * copy-on-read), so the next read of them stays local. */
   BD_OPEN_COPY_ON_READ = 1u << 3,
+  /* What a read-only user refuses to share, for the formats that lock
+   * their file as their user asks (raw: QEMU's raw passes its user's
+   * permissions to the file, where qcow2 always refuses writers for its
+   * metadata).  Without them a raw reader shares everything, as
+   * qemu-img map, qemu-img compare, qemu-io -r and QEMU's FUSE export
+   * do.  UNSHARE_RESIZE: an NBD export (qemu-nbd -r); UNSHARE_WRITE:
+   * convert's source (qemu-img convert), which wants both. */
+  BD_OPEN_UNSHARE_RESIZE = 1u << 4,
+  BD_OPEN_UNSHARE_WRITE = 1u << 5,
 };
 
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or

@@ -77,6 +77,11 @@ int filelock_take(int fd, const char *path, enum filelock_use use,
                   bool resize) {
   unsigned perm, unshared;
   use_perms(use, resize, &perm, &unshared);
+  return filelock_take_perms(fd, path, perm, unshared);
+}
+
+int filelock_take_perms(int fd, const char *path, unsigned perm,
+                        unsigned unshared) {
   /* As QEMU: take our bytes first, then look at the other side's, so two
    * openers racing see at least one of each other's locks. */
   int r = lock_bytes(fd, perm, PERM_BASE);
@@ -116,6 +121,10 @@ int filelock_take(int fd, const char *path, enum filelock_use use,
 void filelock_retake(int fd, enum filelock_use use, bool resize) {
   unsigned perm, unshared;
   use_perms(use, resize, &perm, &unshared);
+  filelock_retake_perms(fd, perm, unshared);
+}
+
+void filelock_retake_perms(int fd, unsigned perm, unsigned unshared) {
   if (lock_bytes(fd, perm, PERM_BASE) < 0 ||
       lock_bytes(fd, unshared, SHARED_BASE) < 0)
     filelock_release(fd);

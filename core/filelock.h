@@ -49,6 +49,14 @@ int filelock_take(int fd, const char *path, enum filelock_use use, bool resize);
  * back locks dropped for a moment: see bd_hold_locks()). */
 void filelock_retake(int fd, enum filelock_use use, bool resize);
 
+/* filelock_take() and filelock_retake() with the permissions spelt out:
+ * PERM used, UNSHARED not shared (FILELOCK_* bits).  For formats that
+ * lock as their user asks, as QEMU's raw passes its user's permissions
+ * straight to the file (formats/raw.c). */
+int filelock_take_perms(int fd, const char *path, unsigned perm,
+                        unsigned unshared);
+void filelock_retake_perms(int fd, unsigned perm, unsigned unshared);
+
 /* Drop every lock FD holds (closing FD does the same). */
 void filelock_release(int fd);
 

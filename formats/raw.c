@@ -3,11 +3,12 @@
  *
  * Data goes through pread/pwrite (restarted on EINTR and short transfers),
  * flush and FUA through fdatasync, trim and zero through fallocate, and
- * block status through SEEK_DATA/SEEK_HOLE.  The file is locked as QEMU
- * locks it (core/filelock.h).  A raw format guessed by probing guards its
- * first sector: a write, zero or trim there that would make the next probe
- * find another format (a guest writing a qcow2 header that names a host
- * file as its backing file) fails with EPERM, as in QEMU.
+ * block status through SEEK_DATA/SEEK_HOLE.  The file is locked as QEMU's
+ * raw locks it, as its user asks (lock_perms(), core/filelock.h).  A raw
+ * format guessed by probing guards its first sector: a write, zero or trim
+ * there that would make the next probe find another format (a guest
+ * writing a qcow2 header that names a host file as its backing file) fails
+ * with EPERM, as in QEMU.
  *
  * --cache none and directsync open the file with O_DIRECT.  The alignment
  * it then needs (statx STATX_DIOALIGN, a device's logical block size, or
@@ -44,11 +45,11 @@
 struct rawdev {
   int fd;
   bool is_block;
-  bool can_punch, can_zero_range; /* cleared once the kernel says no */
-  atomic_bool nowait_writes;      /* cleared if RWF_NOWAIT writes fail */
-  bool guard_head;                /* probed as raw: guard the first sector */
-  enum filelock_use lock;         /* how the file is locked */
-  pthread_mutex_t head_lock;      /* one guarded change at a time */
+  bool can_punch, can_zero_range;    /* cleared once the kernel says no */
+  atomic_bool nowait_writes;         /* cleared if RWF_NOWAIT writes fail */
+  bool guard_head;                   /* probed as raw: guard the first sector */
+  unsigned lock_perm, lock_unshared; /* how the file is locked */
+  pthread_mutex_t head_lock;         /* one guarded change at a time */
   /* O_DIRECT (--cache none, directsync). */
   bool direct;
   uint32_t align;      /* offsets and lengths are multiples of this */
@@ -378,7 +379,7 @@ static void raw_close(struct bd *bd) {
 static void raw_hold_locks(struct bd *bd, bool hold) {
   struct rawdev *r = bd->priv;
   if (hold)
-    filelock_retake(r->fd, r->lock, false);
+    filelock_retake_perms(r->fd, r->lock_perm, r->lock_unshared);
   else
     filelock_release(r->fd);
 }
@@ -447,10 +448,26 @@ static const struct bd_ops raw_ops = {
     .host_range = raw_host_range,
 };
 
-static enum filelock_use lock_use(unsigned flags) {
+/* The locks of a raw file.  QEMU's raw format passes its user's
+ * permissions to the file unchanged, so a reader refuses to share only
+ * what its user does (BD_OPEN_UNSHARE_*): qemu-img map or compare share
+ * everything, qemu-nbd -r refuses resizes, qemu-img convert's source
+ * writers too.  A writer here refuses other writers and resizes (stricter
+ * than qemu-nbd, which refuses resizes only). */
+static void lock_perms(unsigned flags, unsigned *perm, unsigned *unshared) {
+  *perm = FILELOCK_READ;
+  *unshared = 0;
   if (flags & BD_OPEN_SHARE)
-    return FILELOCK_USE_SHARED;
-  return flags & BD_OPEN_READONLY ? FILELOCK_USE_READ : FILELOCK_USE_WRITE;
+    return;
+  if (!(flags & BD_OPEN_READONLY)) {
+    *perm |= FILELOCK_WRITE;
+    *unshared = FILELOCK_WRITE | FILELOCK_RESIZE;
+    return;
+  }
+  if (flags & BD_OPEN_UNSHARE_WRITE)
+    *unshared |= FILELOCK_WRITE;
+  if (flags & BD_OPEN_UNSHARE_RESIZE)
+    *unshared |= FILELOCK_RESIZE;
 }
 
 /* --cache none / directsync: the alignment, and the buffered descriptor
@@ -503,8 +520,9 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
     close(fd);
     return NULL;
   }
-  enum filelock_use lock = lock_use(flags);
-  if (filelock_take(fd, path, lock, false) < 0) {
+  unsigned perm, unshared;
+  lock_perms(flags, &perm, &unshared);
+  if (filelock_take_perms(fd, path, perm, unshared) < 0) {
     close(fd);
     return NULL;
   }
@@ -518,7 +536,8 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
   }
   r->fd = fd;
   r->bfd = -1;
-  r->lock = lock;
+  r->lock_perm = perm;
+  r->lock_unshared = unshared;
   r->is_block = S_ISBLK(st.st_mode);
   r->can_punch = r->can_zero_range = true;
   atomic_init(&r->nowait_writes, true);

@@ -188,7 +188,9 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
     oo.cache = c->cache;
   if (c->has_aio)
     oo.aio = c->aio;
-  oo.flags = (rw ? 0 : BD_OPEN_READONLY) |
+  /* Read-only, refusing resizes, as qemu-nbd -r's export (raw passes
+   * that to its file; qcow2 refuses writers as well). */
+  oo.flags = (rw ? 0 : BD_OPEN_READONLY | BD_OPEN_UNSHARE_RESIZE) |
              (b->o->share && !rw ? BD_OPEN_SHARE : 0) |
              (oo.flags & BD_OPEN_COPY_ON_READ);
   d->bd = bd_open_with(c->path, &oo);
