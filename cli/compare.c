@@ -2,6 +2,7 @@
 /* blockport compare: whether two images hold the same bytes, as
  * `qemu-img compare` says it (its messages, options and exit statuses). */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/byteorder.h"
+#include "formats/map.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -29,8 +32,9 @@ static const char compare_usage[] =
     "  -T CACHE    cache mode of both images (as convert's -T)\n"
     "  -p          show progress on a terminal\n"
     "  -q          quiet: print nothing, the exit status says it\n"
-    "  -s          strict: a different size, or a range allocated in one\n"
-    "              image only, makes the images differ\n"
+    "  -s          strict: a different size, or any difference of block\n"
+    "              status (allocated, zero, data, host offset, reaching the\n"
+    "              end, as qemu-img compares it), makes the images differ\n"
     "  -U          --force-share: images another process writes\n"
     "  -h, --help  show this help\n"
     "\n"
@@ -43,10 +47,22 @@ enum { SAME = 0, DIFFERENT = 1, E_OPEN = 2, E_STATUS = 3, E_READ = 4 };
 
 #define CHUNK (1u << 20)
 
+/* The status of the run at OFF of one image, as qemu-img compare reads
+ * it: its length, whether it is allocated in any layer and reads as
+ * zeroes; for -s the rest of QEMU's status word, all compared: holds
+ * data, has a host offset, ends at the image's end. */
+struct run {
+  uint64_t n;
+  bool allocated, zero, data, has_offset, eof;
+};
+
 struct side {
   struct bd *bd;
   const char *name;
   uint8_t *buf;
+  struct run run; /* -s: the last run asked for, [run_start, run_end) */
+  uint64_t run_start, run_end;
+  unsigned stop_bits; /* -s: where QEMU's answers stop (map_status_run()) */
 };
 
 struct cmp {
@@ -76,19 +92,16 @@ static void show_progress(struct cmp *c, uint64_t n) {
             100.0 * (double)c->done / (double)c->total);
 }
 
-/* The first extent at OFF (at most LEN): its length, whether it is
- * allocated in any layer, and whether it reads as zeroes.  0 or -1
- * (said). */
-static int status(struct side *s, uint64_t off, uint64_t len, uint64_t *n,
-                  bool *allocated, bool *zero) {
+/* The first extent at OFF, at most LEN.  0 or -1 (said). */
+static int status(struct side *s, uint64_t off, uint64_t len, struct run *r) {
   struct bd_extents e;
   bd_extents_init(&e, off, 1);
-  struct bd_req r = {.cmd = BD_BLOCK_STATUS,
+  struct bd_req q = {.cmd = BD_BLOCK_STATUS,
                      .offset = off,
                      .length = len,
                      .flags = BD_F_REQ_ONE,
                      .extents = &e};
-  int err = bd_run(s->bd, &r);
+  int err = bd_run(s->bd, &q);
   if (err == 0 && e.n == 0)
     err = -EIO;
   if (err < 0) {
@@ -97,11 +110,47 @@ static int status(struct side *s, uint64_t off, uint64_t len, uint64_t *n,
     bd_extents_free(&e);
     return -1;
   }
-  *n = e.v[0].length < len ? e.v[0].length : len;
-  *allocated = e.v[0].depth > 0;
-  *zero = e.v[0].flags & BD_EXT_ZERO;
+  *r = (struct run){.n = e.v[0].length < len ? e.v[0].length : len,
+                    .allocated = e.v[0].depth > 0,
+                    .zero = e.v[0].flags & BD_EXT_ZERO};
   bd_extents_free(&e);
   return 0;
+}
+
+/* -s: the whole run at OFF as QEMU answers it, up to the image's end
+ * (map_status_run()), so that whether it reaches the end is known
+ * (QEMU's BDRV_BLOCK_EOF: a hole to the end differs from a hole followed
+ * by data).  The run is kept: asked again from inside it, QEMU gives its
+ * rest.  0 or -1 (said). */
+static int strict_status(struct side *s, uint64_t off, struct run *r) {
+  if (off < s->run_start || off >= s->run_end) {
+    struct map_entry e;
+    int err = map_status_run(s->bd, off, s->stop_bits, &e);
+    if (err == 0 && e.length == 0)
+      err = -EIO;
+    if (err < 0) {
+      cli_error("compare", s->name, "block status at offset %llu: %s",
+                (unsigned long long)off,
+                *bd_errmsg() ? bd_errmsg() : strerror(-err));
+      return -1;
+    }
+    s->run = (struct run){.allocated = e.present,
+                          .zero = e.zero,
+                          .data = e.data,
+                          .has_offset = e.has_offset,
+                          .eof = off + e.length >= s->bd->size};
+    s->run_start = off;
+    s->run_end = off + e.length;
+  }
+  *r = s->run;
+  r->n = s->run_end - off;
+  return 0;
+}
+
+static bool same_status(const struct run *a, const struct run *b) {
+  return a->allocated == b->allocated && a->zero == b->zero &&
+         a->data == b->data && a->has_offset == b->has_offset &&
+         a->eof == b->eof;
 }
 
 static int read_side(struct side *s, uint64_t off, uint64_t n) {
@@ -142,21 +191,26 @@ static int compare_piece(struct cmp *c, uint64_t off, uint64_t n) {
   return SAME;
 }
 
+static int side_status(const struct cmp *c, struct side *s, uint64_t off,
+                       uint64_t want, struct run *r) {
+  return c->strict ? strict_status(s, off, r) : status(s, off, want, r);
+}
+
 static int compare_common(struct cmp *c, uint64_t end) {
   for (uint64_t off = 0, n; off < end; off += n) {
-    uint64_t na, nb;
-    bool aa, za, ab, zb;
+    struct run ra, rb;
     uint64_t want = end - off < CHUNK ? end - off : CHUNK;
-    if (status(&c->a, off, want, &na, &aa, &za) < 0 ||
-        status(&c->b, off, want, &nb, &ab, &zb) < 0)
+    if (side_status(c, &c->a, off, want, &ra) < 0 ||
+        side_status(c, &c->b, off, want, &rb) < 0)
       return E_STATUS;
-    n = na < nb ? na : nb;
-    if (c->strict && aa != ab) {
+    n = ra.n < rb.n ? ra.n : rb.n;
+    n = n < want ? n : want;
+    if (c->strict && !same_status(&ra, &rb)) {
       say(c, "Strict mode: Offset %llu block status mismatch!\n",
           (unsigned long long)off);
       return DIFFERENT;
     }
-    int r = za && zb ? SAME : compare_piece(c, off, n);
+    int r = ra.zero && rb.zero ? SAME : compare_piece(c, off, n);
     if (r != SAME)
       return r;
     show_progress(c, n);
@@ -168,10 +222,11 @@ static int compare_common(struct cmp *c, uint64_t end) {
 static int compare_tail(struct cmp *c, struct side *s, uint64_t off) {
   for (uint64_t n; off < s->bd->size; off += n) {
     uint64_t want = s->bd->size - off < CHUNK ? s->bd->size - off : CHUNK;
-    bool allocated, zero;
-    if (status(s, off, want, &n, &allocated, &zero) < 0)
+    struct run r;
+    if (status(s, off, want, &r) < 0)
       return E_STATUS;
-    if (!zero) {
+    n = r.n;
+    if (!r.zero) {
       if (read_side(s, off, n) < 0)
         return E_READ;
       int64_t d = first_nonzero(s->buf, off, n);
@@ -203,6 +258,26 @@ static int compare(struct cmp *c) {
   if (r == SAME)
     say(c, "Images are identical.\n");
   return r;
+}
+
+/* log2 of the guest bytes one L2 table of the qcow2 image at PATH covers:
+ * QEMU's qcow2 answers a block status query within one (with the default
+ * l2-cache-entry-size).  From the header (cluster_bits at byte 20, the
+ * extended-L2 bit of the version 3 incompatible features at byte 72); 0
+ * when it cannot be read, then runs are not cut. */
+static unsigned qcow2_l2_bits(const char *path) {
+  uint8_t h[80] = {0};
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  ssize_t got = fd < 0 ? -1 : pread(fd, h, sizeof h, 0);
+  if (fd >= 0)
+    close(fd);
+  if (got < 24)
+    return 0;
+  uint32_t version = get_be32(h + 4), cbits = get_be32(h + 20);
+  bool extl2 = version >= 3 && got >= 80 && (get_be64(h + 72) & (1u << 4));
+  if (cbits < 9 || cbits > 21)
+    return 0;
+  return cbits + cbits - (extl2 ? 4 : 3);
 }
 
 static struct bd *open_side(const char *spec, const char *fmt,
@@ -257,6 +332,10 @@ int compare_main(int argc, char **argv) {
   int r = E_OPEN;
   c.a.bd = open_side(c.a.name, fa, cache, share);
   c.b.bd = c.a.bd ? open_side(c.b.name, fb, cache, share) : NULL;
+  if (c.a.bd && !strcmp(c.a.bd->format, "qcow2"))
+    c.a.stop_bits = qcow2_l2_bits(c.a.name);
+  if (c.b.bd && !strcmp(c.b.bd->format, "qcow2"))
+    c.b.stop_bits = qcow2_l2_bits(c.b.name);
   c.a.buf = aligned_alloc(4096, CHUNK);
   c.b.buf = aligned_alloc(4096, CHUNK);
   if (c.a.bd && c.b.bd && c.a.buf && c.b.buf)

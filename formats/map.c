@@ -79,3 +79,34 @@ int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
     e->file = nbd_file_name(bd);
   return r;
 }
+
+/* Does B carry on A's answer?  Compressed clusters (data without an
+ * offset) are answered one at a time. */
+static bool continues(const struct map_entry *a, const struct map_entry *b) {
+  return a->depth == b->depth && a->present == b->present &&
+         a->zero == b->zero && a->data == b->data &&
+         a->has_offset == b->has_offset && a->file == b->file &&
+         (!a->data || a->has_offset) &&
+         (!a->has_offset || a->offset + a->length == b->offset);
+}
+
+int map_status_run(struct bd *bd, uint64_t off, unsigned stop_bits,
+                   struct map_entry *e) {
+  uint64_t end = bd->size;
+  if (stop_bits && stop_bits < 63) {
+    uint64_t stop = ((off >> stop_bits) + 1) << stop_bits;
+    end = stop < end ? stop : end;
+  }
+  int r = map_first(bd, 0, off, end - off, e);
+  while (r == 0 && e->length && off + e->length < end) {
+    struct map_entry next;
+    uint64_t at = off + e->length;
+    /* A look-ahead that fails ends the run; asked for itself next, the
+     * same range reports its error then. */
+    if (map_first(bd, 0, at, end - at, &next) < 0 || !next.length ||
+        !continues(e, &next))
+      break;
+    e->length += next.length;
+  }
+  return r;
+}

@@ -23,6 +23,14 @@ struct map_entry {
  * shorter than LEN).  DEPTH is the layer of BD.  Returns 0 or -errno. */
 int map_first(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e);
+/* The run at OFF as one answer of QEMU's block status gives it, for
+ * `qemu-img compare -s`, which compares those answers whole: the first
+ * runs of map_first() joined while they say the same (host offsets
+ * following on, one compressed cluster at a time), not past a multiple of
+ * 2^STOP_BITS (0: none), where QEMU's driver stops (a qcow2 image: the
+ * coverage of an L2 table).  Returns 0 or -errno. */
+int map_status_run(struct bd *bd, uint64_t off, unsigned stop_bits,
+                   struct map_entry *e);
 /* For formats/: qcow2's own first run, one layer at a time. */
 int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
               struct map_entry *e);

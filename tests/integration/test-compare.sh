@@ -3,7 +3,8 @@
 # blockport compare against qemu-img compare on the same pairs of images:
 # the same result line and exit status for identical images, a difference
 # (reported by its sector), sizes that differ with zeroes or data past the
-# end, strict mode (size, allocation), raw against qcow2, a qcow2 whose
+# end, strict mode (size, allocation, the whole block status: a sparse
+# raw file against a preallocated one or zero clusters), raw against qcow2, a qcow2 whose
 # data is in its backing file, an NBD URI, -q, and an image that cannot be
 # opened (exit 2).
 source "$(dirname "$0")/lib.sh"
@@ -54,6 +55,39 @@ qemu-img create -q -f qcow2 zeroed.qcow2 4M
 qemu-io -f qcow2 -c "write -z 0 1M" -c "write -P 0 1M 1M" zeroed.qcow2 >/dev/null
 same_as_qemu -s empty.qcow2 zeroed.qcow2
 same_as_qemu empty.qcow2 zeroed.qcow2
+
+# Strict mode compares the whole block status, as qemu-img's does: equal
+# data stored differently differs (a sparse raw file against a
+# preallocated one, zero clusters against a dense raw file), and so does
+# a run that reaches the end against one that does not (a hole to the end
+# against a hole followed by written zeroes); the first such offset is
+# reported.
+truncate -s 4M sparse.raw
+qemu-img create -q -f raw -o preallocation=full full.raw 4M
+qemu-img create -q -f raw -o preallocation=falloc falloc.raw 4M
+same_as_qemu -s -f raw -F raw sparse.raw full.raw
+same_as_qemu -s -f raw -F raw full.raw falloc.raw
+same_as_qemu -f raw -F raw sparse.raw full.raw
+qemu-img create -q -f qcow2 zc.qcow2 4M
+qemu-io -f qcow2 -c "write -z 0 4M" zc.qcow2 >/dev/null
+same_as_qemu -s -f qcow2 -F raw zc.qcow2 full.raw
+same_as_qemu -s -f qcow2 -F raw zc.qcow2 sparse.raw
+cp sparse.raw midzero.raw
+dd if=/dev/zero of=midzero.raw bs=64k count=8 seek=16 conv=notrunc status=none
+same_as_qemu -s -f raw -F raw sparse.raw midzero.raw
+# Holes at the same places, then data in one where the other has a hole.
+cp sparse.raw mid1.raw
+dd if=base.raw of=mid1.raw bs=1M count=1 seek=1 conv=notrunc status=none
+cp mid1.raw mid2.raw
+dd if=/dev/zero of=mid2.raw bs=1M count=1 seek=2 conv=notrunc status=none
+same_as_qemu -s -f raw -F raw mid1.raw mid2.raw
+cp --sparse=always mid1.raw mid1-copy.raw
+same_as_qemu -s -f raw -F raw mid1.raw mid1-copy.raw
+# QEMU's qcow2 answers within one L2 table (2 MiB with 4 KiB clusters): its
+# first run of data then stops short of the end where the raw one does not.
+qemu-img convert -q -f raw -O qcow2 -o cluster_size=4k base.raw c4k.qcow2
+same_as_qemu -s -f qcow2 -F raw c4k.qcow2 base.raw
+same_as_qemu -s -f qcow2 -F qcow2 c4k.qcow2 c4k.qcow2
 
 # A backing chain: the overlay's data is its backing file's.
 qemu-img create -q -f qcow2 -b base.raw -F raw over.qcow2 4M
