@@ -180,7 +180,8 @@ static int read_image(const char *path, const char *format, struct image *im) {
     r = is_qcow2 ? read_qcow2(fd, im) : fail("not a qcow2 image");
   } else {
     im->format = "raw";
-    im->vsize = im->file_size;
+    /* Whole 512-byte sectors, as QEMU sizes a raw file (formats/raw.c). */
+    im->vsize = (im->file_size + 511) & ~511ull;
   }
   close(fd);
   return r;

@@ -76,7 +76,7 @@ static int resize(const struct resize_args *a) {
     cli_error("resize", NULL, "%s", bd_errmsg());
     return 1;
   }
-  uint64_t size;
+  uint64_t size = 0;
   int r = new_size(a->size, bd->size, &size);
   if (r == 0 && size < bd->size && !a->shrink) {
     cli_error("resize", NULL,
@@ -91,7 +91,10 @@ static int resize(const struct resize_args *a) {
     cli_error("resize", NULL, "--preallocation applies to growing only");
     r = -1;
   }
-  if (r == 0 && size != bd->size && bd_resize(bd, size, a->prealloc) < 0) {
+  /* A raw file is resized even to its own size, as qemu-img does: a file
+   * whose length is not a whole number of sectors grows to its size. */
+  bool same = size == bd->size && strcmp(bd->format, "raw") != 0;
+  if (r == 0 && !same && bd_resize(bd, size, a->prealloc) < 0) {
     cli_error("resize", NULL, "%s", bd_errmsg());
     r = -1;
   }

@@ -386,10 +386,23 @@ static void raw_hold_locks(struct bd *bd, bool hold) {
 
 /* The new end is simply the file's; what is added is a hole unless asked
  * to take space.  A failure puts the old size back. */
+/* The file's own length, not bd->size (rounded up to a sector). */
+static uint64_t file_length(struct bd *bd) {
+  struct rawdev *r = bd->priv;
+  struct stat st;
+  if (r->is_block || fstat(r->fd, &st) < 0)
+    return bd->size;
+  return (uint64_t)st.st_size;
+}
+
 static int raw_resize(struct bd *bd, uint64_t size, enum bd_prealloc pa) {
   struct rawdev *r = bd->priv;
-  uint64_t old = bd->size;
+  /* What is preallocated starts at the file's end; a failure restores
+   * it.  A file already SIZE long is left alone. */
+  uint64_t old = file_length(bd);
   int e = 0;
+  if (size == old)
+    return 0;
   if (r->is_block)
     bd_set_error("%s: a block device cannot be resized", bd->description);
   else if (pa == BD_PREALLOC_METADATA)
@@ -468,6 +481,13 @@ static void lock_perms(unsigned flags, unsigned *perm, unsigned *unshared) {
     *unshared |= FILELOCK_WRITE;
   if (flags & BD_OPEN_UNSHARE_RESIZE)
     *unshared |= FILELOCK_RESIZE;
+}
+
+/* The size of a file of SIZE bytes as QEMU sees it: a whole number of
+ * 512-byte sectors (qemu-img info, map, qemu-nbd's export).  The tail past
+ * the file's end reads as zeroes, and a write there grows the file. */
+static uint64_t sectors(uint64_t size) {
+  return size > UINT64_MAX - 511 ? size : (size + 511) & ~511ull;
 }
 
 /* --cache none / directsync: the alignment, and the buffered descriptor
@@ -559,7 +579,7 @@ struct bd *raw_open(const char *path, const struct bd_open_opts *o) {
              "sector are refused (give --format raw to remove the guard)",
              path);
   bd->priv = r;
-  bd->size = (uint64_t)size;
+  bd->size = sectors((uint64_t)size);
   bd->exec = BD_EXEC_POOL;
   bd->caps.readonly = readonly;
   bd->caps.can_extents = !r->is_block; /* no SEEK_DATA on devices */
