@@ -107,11 +107,21 @@ static uint64_t l2_check_bits(const struct qcow2dev *q) {
   return bits | (q->g.v3 && !q->g.extended_l2 ? 0 : QCOW2_L2_ZERO);
 }
 
+/* The cached slice holding an entry, kept pinned for a look at the
+ * entries after it (map_run()). */
+struct slice_view {
+  const uint64_t *e; /* the slice's words; NULL: nothing pinned */
+  size_t idx, words; /* the entry's first word, the slice's word count */
+  struct l2slice *pin;
+};
+
 /* The L2 entry (and subcluster bitmap) of guest CLUSTER, checked; with
  * NOWAIT only from a cached slice, and -EAGAIN for anything the careful
- * path must report. */
+ * path must report.  With VIEW, a well-formed entry's slice stays pinned
+ * there for the caller to put. */
 static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
-                       uint64_t *entry, uint64_t *bitmap, bool nowait) {
+                       uint64_t *entry, uint64_t *bitmap, bool nowait,
+                       struct slice_view *view) {
   uint64_t l1i = cluster >> q->l2_bits, guest = cluster << q->h.cluster_bits;
   uint64_t l1e =
       l1i < q->h.l1_size ? __atomic_load_n(&q->l1[l1i], __ATOMIC_ACQUIRE) : 0;
@@ -139,10 +149,15 @@ static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
   *entry = __atomic_load_n(&e[idx], __ATOMIC_ACQUIRE);
   if (q->g.extended_l2)
     *bitmap = __atomic_load_n(&e[idx + 1], __ATOMIC_ACQUIRE);
-  l2cache_put(q->cache, pin);
-  if (entry_plain(q, *entry, *bitmap))
+  const char *bad = entry_plain(q, *entry, *bitmap)
+                        ? NULL
+                        : entry_fault(q, cluster, *entry, *bitmap);
+  if (view && !bad) {
+    size_t words = q->csize < 4096 ? q->csize / 8 : 512; /* as slice_key */
+    *view = (struct slice_view){e, idx, words, pin};
     return 0;
-  const char *bad = entry_fault(q, cluster, *entry, *bitmap);
+  }
+  l2cache_put(q->cache, pin);
   if (bad)
     return nowait ? -EAGAIN : qcow2_bad_entry(q, bad, *entry, guest);
   return 0;
@@ -150,7 +165,7 @@ static int lookup_mode(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
 
 static int lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                   uint64_t *entry, uint64_t *bitmap) {
-  return lookup_mode(q, cluster, l2off, entry, bitmap, false);
+  return lookup_mode(q, cluster, l2off, entry, bitmap, false, NULL);
 }
 
 int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
@@ -160,7 +175,39 @@ int qcow2_lookup(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
 
 int qcow2_lookup_nowait(struct qcow2dev *q, uint64_t cluster, uint64_t *l2off,
                         uint64_t *entry, uint64_t *bitmap) {
-  return lookup_mode(q, cluster, l2off, entry, bitmap, true);
+  return lookup_mode(q, cluster, l2off, entry, bitmap, true, NULL);
+}
+
+/* Whole clusters after RUN's, from the entries that follow in the pinned
+ * slice V, that continue it: unallocated or zero without a host cluster
+ * (which qemu-img map would show), or data next on the host.  Up to LEN
+ * bytes in all.  One cache lookup per slice instead of one per cluster,
+ * which is what a block status walk over a large sparse image costs. */
+static void extend_in_slice(const struct qcow2dev *q,
+                            const struct slice_view *v, uint64_t entry,
+                            uint64_t len, struct qcow2_run *run) {
+  if (run->kind == QCOW2_COMPRESSED || q->g.data_file ||
+      (run->kind != QCOW2_DATA && (entry & QCOW2_OFFSET_MASK)))
+    return;
+  unsigned esize = q->g.extended_l2 ? 2 : 1;
+  for (size_t i = v->idx + esize; i < v->words && run->length < len;
+       i += esize) {
+    uint64_t e = __atomic_load_n(&v->e[i], __ATOMIC_ACQUIRE);
+    uint64_t bm =
+        esize == 2 ? __atomic_load_n(&v->e[i + 1], __ATOMIC_ACQUIRE) : 0;
+    struct qcow2_run next;
+    /* Anything that needs a closer look ends the run: the next lookup
+     * checks it. */
+    if (!entry_plain(q, e, bm) ||
+        qcow2_decode_l2(&q->g, e, bm, 0, (uint32_t)q->csize, &next) < 0 ||
+        next.kind != run->kind || next.length != q->csize)
+      return;
+    if (run->kind == QCOW2_DATA ? next.host != run->host + run->length
+                                : (e & QCOW2_OFFSET_MASK) != 0)
+      return;
+    uint64_t left = len - run->length;
+    run->length += left < q->csize ? left : q->csize;
+  }
 }
 
 /* The run of one kind that starts at guest offset OFF, at most LEN long. */
@@ -169,7 +216,8 @@ static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
   uint64_t cluster = off >> q->h.cluster_bits;
   uint32_t in = (uint32_t)(off & (q->csize - 1));
   uint64_t l2off, entry, bitmap;
-  int r = lookup(q, cluster, &l2off, &entry, &bitmap);
+  struct slice_view view = {.e = NULL};
+  int r = lookup_mode(q, cluster, &l2off, &entry, &bitmap, false, &view);
   if (r < 0)
     return r;
   if (l2off == 0) {
@@ -185,6 +233,9 @@ static int map_run(struct qcow2dev *q, uint64_t off, uint64_t len,
   /* The entry was checked by the lookup.  Data past the end of the file
    * reads as zeroes, as in QEMU. */
   r = qcow2_decode_l2(&q->g, entry, bitmap, in, max, run);
+  if (r == 0 && in + run->length == q->csize)
+    extend_in_slice(q, &view, entry, len, run);
+  l2cache_put(q->cache, view.pin);
   if (r < 0)
     return corrupt(q, "L2 entry", entry);
   if (run->kind == QCOW2_COMPRESSED && run->coffset >= file_limit(q))
