@@ -32,7 +32,9 @@ while IFS= read -r n; do
     COMP_LINE="${COMP_WORDS[*]}"
     COMP_POINT=${#COMP_LINE}
     COMPREPLY=()
-    _blockport
+    # The queries come on stdin: a command the completion runs (blockport
+    # --help) must not read the ones queued behind this one.
+    _blockport </dev/null
     ((${#COMPREPLY[@]})) && printf '%s\n' "${COMPREPLY[@]}"
     printf '\036\n'
 done
