@@ -148,6 +148,19 @@ _pid_gone() {
     ! _pid_alive "$1"
 }
 
+# file_unlocked FILE: no open file holds a QEMU-style lock byte (100-299)
+# of FILE.  A process killed with in-flight io_uring requests keeps its OFD
+# locks until the kernel tears the ring down, a moment after it is reaped.
+file_unlocked() {
+    "$PY" - "$1" <<'EOF'
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fl = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 100, 200, 0)
+res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, fl)
+sys.exit(0 if struct.unpack("hh4xqqi4x", res)[0] == fcntl.F_UNLCK else 1)
+EOF
+}
+
 # _NOW: microseconds since the epoch.  No subshell: see _children_of.
 _now_us() {
     _NOW=${EPOCHREALTIME/[.,]/}

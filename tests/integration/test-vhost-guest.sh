@@ -98,7 +98,7 @@ ended() { grep -q "GUEST-BLK OK\|GUEST-BLK FAIL" console.log; }
 past() { (($(progress) >= $1)) || ended; }
 
 # kill_restart N FMT: N times, once the guest has made 50 more operations,
-# kill -9 the server and start it again at once.
+# kill -9 the server and start it again as soon as its locks are gone.
 kill_restart() {
   local i
   for ((i = 1; i <= $1; i++)); do
@@ -107,6 +107,7 @@ kill_restart() {
     kill -KILL "$SERVER_PID"
     wait "$SERVER_PID" 2>/dev/null || true
     SERVER_PID=
+    wait_until 10 file_unlocked "disk.$2" || fail "disk.$2 still locked 10 s after kill -9"
     start_server -f "$2" "disk.$2"
     echo "  killed and restarted the server after $(($(progress) * 50)) operations"
   done
