@@ -39,17 +39,23 @@ while IFS= read -r n; do
     printf '\036\n'
 done
 EOF
-mkfifo "$T/queries" "$T/answers"
-
-# start_driver: a driver for this mode (WITH_BC), on fds 7 and 8.
+# start_driver: a driver for this mode (WITH_BC), on fds 7 and 8.  Each
+# driver has FIFOs of its own: a driver that has not yet seen the end of
+# its queries must not read the next one's.
+DRIVERS=0
 start_driver() {
+    DRIVERS=$((DRIVERS + 1))
+    local q=$T/queries.$DRIVERS a=$T/answers.$DRIVERS
+    mkfifo "$q" "$a"
     (cd "$T/work" && COMPLETION=$COMPLETION exec bash --norc --noprofile "$T/drive.sh" \
-        <"$T/queries" >"$T/answers" 2>>"$T/driver.err") &
-    track_pid $!
-    exec 7>"$T/queries" 8<"$T/answers"
+        <"$q" >"$a" 2>>"$T/driver.err") &
+    DRIVER_PID=$!
+    track_pid "$DRIVER_PID"
+    exec 7>"$q" 8<"$a"
 }
 stop_driver() {
     exec 7>&- 8<&-
+    wait_until 10 _pid_gone "$DRIVER_PID" || fail "the completion driver did not exit"
 }
 
 # comp WORD...: what completing the last word (after "blockport") offers.
@@ -155,7 +161,8 @@ for mode in "${modes[@]}"; do
             grep -qxF -- "$o" <<<"$offered" || fail_soft "$c: does not offer $o (in its --help)"
         done
         # Long options only, once "--" is typed.
-        comp "$c" -- | grep -v -- '^--' && fail_soft "$c: '--' offers short options"
+        offered=$(comp "$c" --)
+        [[ -n $offered ]] && grep -v -- '^--' <<<"$offered" && fail_soft "$c: '--' offers short options"
     done
     ok "$n options offered, each in --help and accepted"
     fi
@@ -210,7 +217,10 @@ for mode in "${modes[@]}"; do
     expect_exactly "--pid-file" pid.file -- serve --pid-file p
     expect_exactly "--config" exports.conf -- serve --config e
     expect_exactly "--tls-certs (directories)" certs.d -- serve --tls-certs c
-    comp serve --tls-certs "" | grep -x disk.qcow2 >/dev/null && fail_soft "--tls-certs offers a file"
+    # Whole answers are read before grep looks at them: a grep that stops
+    # early would leave the rest in the FIFO for the next query.
+    offered=$(comp serve --tls-certs "")
+    grep -qx disk.qcow2 <<<"$offered" && fail_soft "--tls-certs offers a file"
     plugindir=$(pkg-config --variable=plugindir nbdkit 2>/dev/null || true)
     if [[ -e $plugindir/nbdkit-memory-plugin.so ]]; then
         expect_exactly "--plugin" memory -- serve --plugin memo
