@@ -125,6 +125,24 @@ struct bd *bd_new(const struct bd_ops *ops, const char *format,
   return bd;
 }
 
+int bd_add_context(struct bd *bd, const char *name) {
+  char **v = realloc(bd->contexts, (bd->ncontexts + 1) * sizeof *v);
+  if (!v)
+    return -ENOMEM;
+  bd->contexts = v;
+  if (!(v[bd->ncontexts] = strdup(name)))
+    return -ENOMEM;
+  bd->ncontexts++;
+  return 0;
+}
+
+unsigned bd_context_find(const struct bd *bd, const char *name) {
+  for (size_t i = 0; i < bd->ncontexts; i++)
+    if (!strcmp(bd->contexts[i], name))
+      return (unsigned)i + 1;
+  return 0;
+}
+
 struct bd_caps bd_caps_full(void) {
   return (struct bd_caps){.can_trim = true,
                           .can_zero = true,
@@ -226,6 +244,27 @@ static int start_aligner(struct bd *bd) {
   return 0;
 }
 
+/* Whether BD offers the contexts O asked for, as the contract says: a
+ * source that knows none (raw, null, a plugin) is refused here, once. */
+static bool offers_contexts(const char *spec, const struct bd *bd,
+                            const struct bd_open_opts *o) {
+  for (size_t i = 0; i < o->ncontexts; i++) {
+    const char *name = o->contexts[i];
+    if (i < bd->ncontexts && !strcmp(bd->contexts[i], name))
+      continue;
+    size_t plen = strlen(BD_CTX_BITMAP_PREFIX);
+    if (!strncmp(name, BD_CTX_BITMAP_PREFIX, plen))
+      bd_set_error("%s: bitmap '%s': a %s image has no persistent bitmaps "
+                   "(qcow2 images and NBD servers offer them)",
+                   spec, name + plen, bd->format);
+    else
+      bd_set_error("%s: a %s source offers no block-status context '%s'", spec,
+                   bd->format, name);
+    return false;
+  }
+  return true;
+}
+
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   struct bd_open_opts opts = BD_OPEN_OPTS_INIT;
   if (o)
@@ -237,8 +276,20 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
     bd_set_error("%s: no formats installed (bd_formats_install)", spec);
     return NULL;
   }
+  if (opts.ncontexts > BD_MAX_CONTEXTS) {
+    bd_set_error("%s: more than %d block-status contexts asked for", spec,
+                 BD_MAX_CONTEXTS);
+    return NULL;
+  }
   const struct bd_format *f = format_of(spec, &opts);
   struct bd *bd = f ? f->open(spec, &opts) : NULL;
+  if (bd && !offers_contexts(spec, bd, &opts)) {
+    char why[512]; /* bd_close() may set another message */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_close(bd);
+    bd_set_error("%s", why);
+    return NULL;
+  }
   if (bd && (opts.flags & BD_OPEN_READONLY))
     bd->caps.readonly = true;
   if (bd) {
@@ -321,6 +372,9 @@ int bd_close(struct bd *bd) {
   pthread_cond_destroy(&bd->conn_cond);
   pthread_mutex_destroy(&bd->conn_lock);
   pthread_mutex_destroy(&bd->serial_lock);
+  for (size_t i = 0; i < bd->ncontexts; i++)
+    free(bd->contexts[i]);
+  free(bd->contexts);
   free(bd->format);
   free(bd->description);
   free(bd);
@@ -502,6 +556,10 @@ static int check_request(struct bd *bd, const struct bd_req *req) {
                  (unsigned long long)req->length, (unsigned long long)bd->size);
     return is_write_cmd(req->cmd) ? -ENOSPC : -EINVAL;
   }
+  if (req->cmd == BD_BLOCK_STATUS && req->context > bd->ncontexts) {
+    bd_set_error("block-status context %u is not offered", req->context);
+    return -EINVAL;
+  }
   if (is_write_cmd(req->cmd) && bd->caps.readonly) {
     bd_set_error("the device is read-only");
     return -EPERM;
@@ -547,6 +605,11 @@ static int do_zero(struct bd *bd, struct bd_req *req) {
 }
 
 static int do_extents(struct bd *bd, struct bd_req *req) {
+  if (req->context && !bd->ops->context_extents)
+    return -ENOTSUP;
+  if (req->context) /* check_request() saw that the source offers it */
+    return bd->ops->context_extents(bd, req->context - 1, req->length,
+                                    req->offset, req->flags, req->extents);
   if (bd->ops->extents && bd->caps.can_extents)
     return bd->ops->extents(bd, req->length, req->offset, req->flags,
                             req->extents);

@@ -84,6 +84,20 @@ void bd_extents_free(struct bd_extents *e);
 int bd_extents_add(struct bd_extents *e, uint64_t length, uint32_t flags,
                    uint32_t depth);
 
+/* Named block-status contexts.  Beside allocation (struct bd_extent's
+ * flags and depth), a source may offer named contexts, each a 32-bit value
+ * per byte range: an image's persistent dirty bitmap, a context the server
+ * of an NBD source offers.  They are named as NBD meta contexts, which is
+ * the common currency (a dirty bitmap is BD_CTX_BITMAP_PREFIX NAME, value
+ * BD_CTX_DIRTY where dirty).  A user asks for them when it opens the source
+ * (bd_open_opts.contexts); the source offers exactly those, in that order,
+ * in bd.contexts, or fails to open saying why; a BD_BLOCK_STATUS request
+ * with context I (1-based) then fills its extents' flags with context
+ * I's values (depth 0).  Context 0 is allocation. */
+#define BD_CTX_BITMAP_PREFIX "qemu:dirty-bitmap:"
+#define BD_CTX_DIRTY 0x1u  /* a dirty bitmap's value where it is set */
+#define BD_MAX_CONTEXTS 16 /* asked for at one opening */
+
 struct bd_caps {
   bool readonly;
   bool can_trim;
@@ -173,6 +187,10 @@ struct bd_ops {
   int (*cache)(struct bd *bd, uint64_t len, uint64_t off);
   int (*extents)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
                  struct bd_extents *ext);
+  /* Optional: block status of named context CTX (0-based index into
+   * bd->contexts), as extents() with each extent's flags the value. */
+  int (*context_extents)(struct bd *bd, size_t ctx, uint64_t len, uint64_t off,
+                         uint32_t flags, struct bd_extents *ext);
   /* Optional, BD_EXEC_POOL sources: try a read or write in the submitting
    * thread when it needs no device I/O (say, from the page cache), taking
    * microseconds.  Returns -EAGAIN when it would wait for the device, and
@@ -276,6 +294,10 @@ struct bd {
   enum bd_cache cache;          /* set by bd_open_with() */
   enum bd_aio aio;              /* as it was asked for, by bd_open_with() */
   struct disk *aligner;         /* caps.aligned_only: see core/disk.h */
+  /* The named block-status contexts it offers (see BD_CTX_BITMAP_PREFIX):
+   * those its opening asked for, in that order. */
+  char **contexts;
+  size_t ncontexts;
 };
 
 typedef void bd_done_fn(struct bd_req *req, int err);
@@ -288,6 +310,7 @@ struct bd_req {
   uint64_t length;
   void *buf;                  /* READ: destination; WRITE: source */
   struct bd_extents *extents; /* BLOCK_STATUS: filled from offset on */
+  unsigned context; /* BLOCK_STATUS: 0 allocation, I bd->contexts[I-1] */
   bd_done_fn *done;
   struct bd_conn *conn; /* from bd_conn_open(), or NULL: the default */
   struct bd *bd;        /* set by bd_submit */
@@ -367,6 +390,11 @@ struct bd_open_opts {
    * the source. */
   const char *const *plugin_debug;
   size_t n_plugin_debug;
+  /* Named block-status contexts the source must offer (at most
+   * BD_MAX_CONTEXTS; see BD_CTX_BITMAP_PREFIX).  Not passed on to a
+   * backing file. */
+  const char *const *contexts;
+  size_t ncontexts;
 };
 #define BD_NBD_TIMEOUT_DEFAULT 30
 #define BD_NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
@@ -426,6 +454,12 @@ void bd_hold_locks(struct bd *bd, bool hold);
 /* Allocation for sources: a bd with ops set and everything else default. */
 struct bd *bd_new(const struct bd_ops *ops, const char *format,
                   const char *description);
+
+/* For sources: add NAME to the contexts BD offers (0 or -ENOMEM). */
+int bd_add_context(struct bd *bd, const char *name);
+/* The 1-based number of context NAME for bd_req.context, or 0 when BD
+ * does not offer it. */
+unsigned bd_context_find(const struct bd *bd, const char *name);
 
 /* Every capability, 1-byte granularity, 4 KiB preferred and BD_MAX_IO
  * maximum block size: sources start from this and clear what they lack. */
