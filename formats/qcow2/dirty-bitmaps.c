@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bitmap-context.h"
 #include "bitmap.h"
 #include "core/blockdev.h"
 #include "core/byteorder.h"
@@ -496,4 +497,14 @@ int qcow2_bitmaps_resize(struct qcow2dev *q, uint64_t size) {
   for (uint32_t i = 0; bm && r == 0 && i < bm->nt; i++)
     r = resize_one(q, bm, &bm->t[i], size);
   return r; /* the grown area is clean, as qemu-img resize leaves it */
+}
+
+/* ---- exporting (bitmap-context.c) ---- */
+
+const uint64_t *qcow2_bitmaps_live(const struct qcow2dev *q, const char *name) {
+  const struct qcow2_bitmaps *bm = q->bitmaps;
+  for (uint32_t i = 0; bm && i < bm->nt; i++)
+    if (bm->t[i].enabled && !strcmp(bm->t[i].b->name, name))
+      return bm->t[i].bits;
+  return NULL;
 }

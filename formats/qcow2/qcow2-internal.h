@@ -16,6 +16,7 @@ struct bd;
 struct l2cache;
 struct qcow2_ol;
 struct qcow2_bitmaps;
+struct qcow2_contexts;
 
 /* An opened qcow2 image. */
 struct qcow2dev {
@@ -74,6 +75,8 @@ struct qcow2dev {
   size_t npend_free, cap_pend_free;
   /* Persistent bitmaps tracking writes (dirty-bitmaps.c), or NULL. */
   struct qcow2_bitmaps *bitmaps;
+  /* Bitmaps offered as block-status contexts (bitmap-context.c), or NULL. */
+  struct qcow2_contexts *contexts;
 };
 
 struct pending {

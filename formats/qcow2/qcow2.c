@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "backing-path.h"
+#include "bitmap-context.h"
 #include "core/blockdev.h"
 #include "core/byteorder.h"
 #include "core/fault.h"
@@ -616,9 +617,17 @@ static int q_extents(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
   return 0;
 }
 
+static int q_context_extents(struct bd *bd, size_t ctx, uint64_t len,
+                             uint64_t off, uint32_t flags,
+                             struct bd_extents *ext) {
+  struct qcow2dev *q = bd->priv;
+  return qcow2_contexts_extents(q->contexts, ctx, len, off, flags, ext);
+}
+
 static void q_close(struct bd *bd) {
   struct qcow2dev *q = bd->priv;
   qcow2_bitmaps_close(q, q->writable);
+  qcow2_contexts_free(q->contexts);
   if (q->writable) {
     pthread_mutex_destroy(&q->meta);
     pthread_cond_destroy(&q->alloc_done);
@@ -670,6 +679,7 @@ static const struct bd_ops qcow2_ops = {
     .try_nowait = q_try_nowait,
     .submit_async = q_submit_async,
     .extents = q_extents,
+    .context_extents = q_context_extents,
     .close = q_close,
     .hold_locks = q_hold_locks,
     .resize = qcow2_resize,
@@ -749,6 +759,8 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
    * readers, refusing writers. */
   struct bd_open_opts bo = *o;
   bo.flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
+  bo.contexts = NULL; /* the image's bitmaps, not its backing file's */
+  bo.ncontexts = 0;
   struct bd *b = source ? open_backing_source(q, bpath, &bo)
                         : open_backing_file(q, bpath, &bo, chain);
   if (!b) { /* the reason, with where it comes from, goes to the caller */
@@ -945,6 +957,9 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
   }
   if (r == 0)
     r = open_data_file(q);
+  /* Before a writable opening marks the tracked bitmaps in use. */
+  if (r == 0)
+    r = qcow2_contexts_load(q, o, &q->contexts);
   if (r == 0 && bd_cache_direct(o->cache))
     r = open_direct(q, o->cache);
   q->ring = o->aio != BD_AIO_THREADS && uring_available();
@@ -1005,6 +1020,11 @@ static struct bd *qcow2_open_chain(const char *path,
     /* Aligned guest requests keep data I/O aligned: clusters are. */
     bd->caps.min_block = q->dio_align;
     bd->caps.aligned_only = true;
+  }
+  if (qcow2_contexts_attach(q, q->contexts, bd) < 0) {
+    bd_close(bd);
+    bd_set_error("out of memory");
+    return NULL;
   }
   return bd;
 }
