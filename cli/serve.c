@@ -45,6 +45,10 @@ static const char serve_head[] =
     "                            process writes (qemu-img's -U)\n"
     "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
     "                            more; \"\" is the default export)\n"
+    "  -B, --bitmap NAME         offer the persistent dirty bitmap NAME of\n"
+    "                            every IMAGE (qcow2, or an NBD URI whose\n"
+    "                            server has it) as the meta context\n"
+    "                            qemu:dirty-bitmap:NAME (repeat for more)\n"
     "  -c, --max-connections N   refuse clients beyond N (default 128)\n"
     "      --max-requests N      requests in flight per connection (default "
     "256)\n"
@@ -185,6 +189,23 @@ static int add_ro_export(struct serve_opts *o, const char *name) {
   return 1;
 }
 
+/* -B NAME: one more bitmap, as the config file's bitmap key takes it. */
+static int add_bitmap(struct serve_opts *o, const char *name) {
+  if (!*name || strlen(name) > CONFIG_MAX_BITMAP_NAME)
+    return bad("--bitmap", name, "a name of 1 to 1023 bytes");
+  for (size_t i = 0; i < o->n_bitmaps; i++)
+    if (!strcmp(o->bitmaps[i], name))
+      return 1; /* once is enough */
+  if (o->n_bitmaps >= CONFIG_MAX_BITMAPS)
+    return bad("--bitmap", name, "at most 16 bitmaps");
+  char **n = realloc(o->bitmaps, (o->n_bitmaps + 1) * sizeof *n);
+  if (!n)
+    return -1;
+  n[o->n_bitmaps++] = (char *)name;
+  o->bitmaps = n;
+  return 1;
+}
+
 /* What is served and how: 1 handled, 0 not one of these, -1 bad. */
 static int export_option(struct serve_cli *c, int ch, const char *arg) {
   struct serve_opts *o = &c->so;
@@ -192,6 +213,7 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case 'r': o->readonly = true; return 1;
   case 'U': o->force_share = true; return 1;
   case OPT_RO_EXPORT: return add_ro_export(o, arg);
+  case 'B': return add_bitmap(o, arg);
   case OPT_CONFIG: o->config = arg; return 1;
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
   case OPT_RUN: c->run.cmd = arg; return 1;
@@ -308,6 +330,9 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
   const char *err = tls_conflict(o);
   if (o->config && (nargs > 0 || c->co.plugin))
     err = "--config replaces IMAGE arguments and --plugin";
+  else if (o->config && o->n_bitmaps)
+    err = "--bitmap is for IMAGE arguments: with --config, say bitmap = NAME "
+          "in the export";
   else if (o->force_share && !o->readonly)
     err = "--force-share needs --readonly (a writer cannot share the image)";
   else if (c->run.cmd && c->run.fork)
@@ -359,6 +384,7 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
       {"allow", required_argument, NULL, OPT_ALLOW},
       {"readonly-export", required_argument, NULL, OPT_RO_EXPORT},
+      {"bitmap", required_argument, NULL, 'B'},
       {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
@@ -371,7 +397,7 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {0, 0, 0, 0}};
   struct option lo[CLI_MAX_LONGOPTS];
   char so[64];
-  cli_opts_tables(&c->co, own, "u:p:b:rUc:h", lo, so);
+  cli_opts_tables(&c->co, own, "u:p:b:rUc:B:h", lo, so);
   int ch;
   while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
     if (ch == 'h') {
@@ -399,6 +425,8 @@ static void print_export(const struct export_conf *c,
          c->tls_required ? ", TLS required" : "");
   if (c->nallow)
     printf(", %zu allow rule%s", c->nallow, c->nallow == 1 ? "" : "s");
+  for (size_t k = 0; k < c->nbitmaps; k++)
+    printf("%s%s", k ? ", " : ", bitmaps ", c->bitmaps[k]);
   printf("\n");
 }
 
@@ -444,5 +472,6 @@ out:
   free(c.plugin_spec);
   free(c.so.allow);
   free(c.so.ro_exports);
+  free(c.so.bitmaps);
   return ret;
 }

@@ -25,12 +25,13 @@ enum key {
   K_DEFAULT,
   K_CACHE,
   K_AIO,
+  K_BITMAP,
   NKEYS
 };
 
 static const char *const key_names[NKEYS] = {
     "path",  "format",  "description", "read-only", "require-tls",
-    "allow", "default", "cache",       "aio"};
+    "allow", "default", "cache",       "aio",       "bitmap"};
 
 /* Names an operator may reach for, and the key they mean. */
 static const struct {
@@ -446,6 +447,25 @@ static int set_default(struct parser *p, struct export_conf *e, char **v) {
   return 0;
 }
 
+/* bitmap = NAME: one more persistent bitmap to export (repeatable). */
+static int set_bitmap(struct parser *p, struct export_conf *e, char **v) {
+  if (!**v || strlen(*v) > CONFIG_MAX_BITMAP_NAME)
+    return fail(p, p->line, "bitmap: a name of 1 to %u bytes",
+                CONFIG_MAX_BITMAP_NAME);
+  if (e->nbitmaps >= CONFIG_MAX_BITMAPS)
+    return fail(p, p->line, "more than %u bitmaps", CONFIG_MAX_BITMAPS);
+  for (size_t i = 0; i < e->nbitmaps; i++)
+    if (!strcmp(e->bitmaps[i], *v))
+      return fail(p, p->line, "bitmap '%s' given twice", show(str_span(*v)).s);
+  char **b = realloc(e->bitmaps, (e->nbitmaps + 1) * sizeof *b);
+  if (!b)
+    return oom(p);
+  e->bitmaps = b;
+  b[e->nbitmaps++] = *v;
+  *v = NULL;
+  return 0;
+}
+
 /* One entry of an allow list, NUL-terminated and trimmed. */
 static int add_rule(struct parser *p, struct export_conf *e, const char *item) {
   char why[160];
@@ -497,7 +517,8 @@ static setter *const setters[NKEYS] = {[K_PATH] = set_path,
                                        [K_ALLOW] = set_allow,
                                        [K_DEFAULT] = set_default,
                                        [K_CACHE] = set_cache,
-                                       [K_AIO] = set_aio};
+                                       [K_AIO] = set_aio,
+                                       [K_BITMAP] = set_bitmap};
 
 /* Edit distance between A and B, both at most 32 bytes. */
 static size_t distance(const char *a, const char *b) {
@@ -583,7 +604,7 @@ static int parse_key(struct parser *p, struct span l) {
     k++;
   if (k == NKEYS)
     return unknown_key(p, key);
-  if (k != K_ALLOW && p->key_line[k])
+  if (k != K_ALLOW && k != K_BITMAP && p->key_line[k])
     return fail(p, p->line, "'%s' given twice (first at line %u)", key_names[k],
                 p->key_line[k]);
   p->key_line[k] = p->line;
@@ -693,6 +714,9 @@ void export_conf_free(struct export_conf *e) {
   free(e->format);
   free(e->description);
   free(e->allow);
+  for (size_t i = 0; i < e->nbitmaps; i++)
+    free(e->bitmaps[i]);
+  free(e->bitmaps);
   memset(e, 0, sizeof *e);
 }
 
@@ -718,6 +742,11 @@ int export_conf_copy(struct export_conf *dst, const struct export_conf *src) {
   dst->format = dup_or_null(src->format, &failed);
   dst->description = dup_or_null(src->description, &failed);
   dst->allow = NULL;
+  dst->bitmaps = src->nbitmaps ? calloc(src->nbitmaps, sizeof(char *)) : NULL;
+  if (src->nbitmaps && !dst->bitmaps)
+    failed = true, dst->nbitmaps = 0;
+  for (size_t i = 0; dst->bitmaps && i < src->nbitmaps; i++)
+    dst->bitmaps[i] = dup_or_null(src->bitmaps[i], &failed);
   if (src->nallow) {
     dst->allow = malloc(src->nallow * sizeof *src->allow);
     if (dst->allow)

@@ -11,9 +11,11 @@
 #include "core/blockdev.h"
 
 /* Limits of the format. */
-#define CONFIG_MAX_NAME 4096       /* bytes in an export name (NBD's limit) */
-#define CONFIG_MAX_LINE 65536      /* bytes in one line, without its '\n' */
-#define CONFIG_MAX_FILE (1u << 20) /* bytes config_load reads */
+#define CONFIG_MAX_NAME 4096        /* bytes in an export name (NBD's limit) */
+#define CONFIG_MAX_LINE 65536       /* bytes in one line, without its '\n' */
+#define CONFIG_MAX_FILE (1u << 20)  /* bytes config_load reads */
+#define CONFIG_MAX_BITMAPS 16       /* bitmaps per export (HS_MAX_EXTRA) */
+#define CONFIG_MAX_BITMAP_NAME 1023 /* bytes (qcow2's limit) */
 
 /* One export as the config file (or the command line) declares it. */
 struct export_conf {
@@ -31,6 +33,8 @@ struct export_conf {
   enum bd_aio aio;
   struct acl_rule *allow; /* TCP clients admitted; nallow == 0: everyone */
   size_t nallow;
+  char **bitmaps; /* persistent bitmaps exported (qemu:dirty-bitmap:NAME) */
+  size_t nbitmaps;
   unsigned line; /* line of its [export] header, for messages */
 };
 

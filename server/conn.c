@@ -157,6 +157,17 @@ static bool conn_admits(const void *ctx, size_t idx) {
          acl_allows(e->allow, e->nallow, (const struct sockaddr *)&c->addr);
 }
 
+/* Whether A and B offer the same contexts under the same ids. */
+static bool same_contexts(const struct hs_export *a,
+                          const struct hs_export *b) {
+  if (a->ncontexts != b->ncontexts)
+    return false;
+  for (size_t i = 0; i < a->ncontexts; i++)
+    if (strcmp(a->contexts[i], b->contexts[i]))
+      return false;
+  return true;
+}
+
 /* A reload while the client negotiates: later options see the new
  * exports; meta contexts chosen for an export follow it by name. */
 static void refresh_exports(struct conn *c, struct hs_state *hs) {
@@ -164,9 +175,13 @@ static void refresh_exports(struct conn *c, struct hs_state *hs) {
   if (!old)
     return;
   if (hs->ctx_export >= 0) {
-    hs->ctx_export = exports_find(c->set, old->v[hs->ctx_export].name);
-    if (hs->ctx_export < 0)
+    int idx = hs->ctx_export;
+    hs->ctx_export = exports_find(c->set, old->v[idx].name);
+    if (hs->ctx_export < 0 ||
+        !same_contexts(&old->hs[idx], &c->set->hs[hs->ctx_export])) {
       hs->ctx_base = hs->ctx_depth = false;
+      hs->ctx_extra = 0;
+    }
   }
   exports_put(c->srv, old);
 }
@@ -275,14 +290,17 @@ static bool handshake(struct conn *c) {
       break;
   }
   const struct hs_export *he = &c->set->hs[hs.export_index];
-  c->tx = (struct wire_tx){.size = he->size,
-                           .tflags = hs.tflags,
-                           .structured = hs.structured,
-                           .extended = hs.extended,
-                           .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth,
-                           .max_payload = max_payload(he)};
+  c->tx =
+      (struct wire_tx){.size = he->size,
+                       .tflags = hs.tflags,
+                       .structured = hs.structured,
+                       .extended = hs.extended,
+                       .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth +
+                                    (unsigned)__builtin_popcount(hs.ctx_extra),
+                       .max_payload = max_payload(he)};
   c->ctx_base = hs.ctx_base;
   c->ctx_depth = hs.ctx_depth;
+  c->ctx_extra = hs.ctx_extra;
   ok = true;
   log_debug("connection %u (%s): export '%s'%s%s", c->id, c->peer, c->exp->name,
             hs.structured ? ", structured replies" : "",
@@ -378,7 +396,9 @@ static bool parse_bs_payload(struct conn *c, struct nreq *n) {
   for (uint64_t i = 8; i < plen; i += 4) {
     uint32_t id = get_be32(n->buf + i);
     bool known = (id == HS_CTX_BASE_ALLOCATION && c->ctx_base) ||
-                 (id == HS_CTX_ALLOCATION_DEPTH && c->ctx_depth);
+                 (id == HS_CTX_ALLOCATION_DEPTH && c->ctx_depth) ||
+                 (id >= HS_CTX_EXTRA && id < HS_CTX_EXTRA + HS_MAX_EXTRA &&
+                  (c->ctx_extra >> (id - HS_CTX_EXTRA)) & 1);
     /* The spec asks for EINVAL on unknown and on duplicate ids. */
     if (!known || (n->ctx_mask & (1u << id)))
       return false;
@@ -387,10 +407,83 @@ static bool parse_bs_payload(struct conn *c, struct nreq *n) {
   return true;
 }
 
+/* One device request of a block status finished: the last one replies. */
+static void bs_done(struct nreq *n, int err) {
+  if (err < 0)
+    __atomic_compare_exchange_n(&n->part_err, &(int){0}, err, false,
+                                __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  if (__atomic_sub_fetch(&n->pending, 1, __ATOMIC_ACQ_REL) > 0)
+    return;
+  err = __atomic_load_n(&n->part_err, __ATOMIC_RELAXED);
+  count_done(n, err != 0);
+  reply_build(n, err);
+  send_queue(n->c, n);
+}
+
+static void bs_alloc_done(struct bd_req *bdr, int err) {
+  bs_done((struct nreq *)bdr, err);
+}
+
+static void bs_part_done(struct bd_req *bdr, int err) {
+  bs_done(((struct bs_part *)bdr)->n, err);
+}
+
+static bool ensure_parts(struct nreq *n) {
+  if (n->parts)
+    return true;
+  n->parts = calloc(HS_MAX_EXTRA, sizeof *n->parts);
+  for (unsigned i = 0; n->parts && i < HS_MAX_EXTRA; i++) {
+    n->parts[i].n = n;
+    bd_extents_init(&n->parts[i].ext, 0, BS_MAX_EXTENTS);
+  }
+  return n->parts != NULL;
+}
+
+/* The device request for the export's context I (HS_CTX_EXTRA + I). */
+static struct bd_req *part_req(struct conn *c, struct nreq *n, unsigned i) {
+  struct bs_part *p = &n->parts[i];
+  bd_extents_reset(&p->ext, n->bdr.offset, n->ext.max);
+  p->bdr = (struct bd_req){.cmd = BD_BLOCK_STATUS,
+                           .flags = n->bdr.flags,
+                           .offset = n->bdr.offset,
+                           .length = n->bdr.length,
+                           .extents = &p->ext,
+                           .context = c->exp->ctx_map[i],
+                           .done = bs_part_done,
+                           .conn = c->bconn};
+  return &p->bdr;
+}
+
+/* Allocation (base:allocation, qemu:allocation-depth) is one device
+ * request, each other context one more; they run at once. */
+static void submit_bs_parts(struct conn *c, struct nreq *n) {
+  uint32_t alloc =
+      (1u << HS_CTX_BASE_ALLOCATION) | (1u << HS_CTX_ALLOCATION_DEPTH);
+  uint32_t extra = n->ctx_mask >> HS_CTX_EXTRA;
+  if (extra && !ensure_parts(n)) {
+    fail_req(c, n, NBD_ENOMEM, "out of memory");
+    return;
+  }
+  n->part_err = 0;
+  n->pending =
+      (n->ctx_mask & alloc ? 1u : 0) + (unsigned)__builtin_popcount(extra);
+  /* Built first: a request may complete (and N be reused) at submission. */
+  struct bd_req *reqs[HS_MAX_EXTRA + 1];
+  unsigned nr = 0;
+  if (n->ctx_mask & alloc)
+    reqs[nr++] = &n->bdr;
+  for (unsigned i = 0; i < HS_MAX_EXTRA; i++)
+    if ((extra >> i) & 1)
+      reqs[nr++] = part_req(c, n, i);
+  for (unsigned i = 0; i < nr; i++)
+    bd_submit(c->exp->dev->bd, reqs[i]);
+}
+
 static void submit_block_status(struct conn *c, struct nreq *n) {
   n->bdr.length = n->r.length;
   n->ctx_mask = (c->ctx_base ? 1u << HS_CTX_BASE_ALLOCATION : 0) |
-                (c->ctx_depth ? 1u << HS_CTX_ALLOCATION_DEPTH : 0);
+                (c->ctx_depth ? 1u << HS_CTX_ALLOCATION_DEPTH : 0) |
+                (c->ctx_extra << HS_CTX_EXTRA);
   if ((n->r.flags & NBD_CMD_FLAG_PAYLOAD_LEN) && !parse_bs_payload(c, n)) {
     fail_req(c, n, NBD_EINVAL, "malformed block status payload");
     return;
@@ -406,7 +499,9 @@ static void submit_block_status(struct conn *c, struct nreq *n) {
   n->bdr.flags = (n->r.flags & NBD_CMD_FLAG_REQ_ONE) ? BD_F_REQ_ONE : 0;
   n->bdr.extents = &n->ext;
   n->bdr.conn = c->bconn;
-  bd_submit(c->exp->dev->bd, &n->bdr);
+  n->bdr.context = 0;
+  n->bdr.done = bs_alloc_done;
+  submit_bs_parts(c, n);
 }
 
 static void submit(struct conn *c, struct nreq *n) {
@@ -863,6 +958,9 @@ static void conn_free(struct conn *c) {
     free(n->buf);
     free(n->extra);
     bd_extents_free(&n->ext);
+    for (unsigned i = 0; n->parts && i < HS_MAX_EXTRA; i++)
+      bd_extents_free(&n->parts[i].ext);
+    free(n->parts);
     free(n);
     n = next;
   }

@@ -20,6 +20,14 @@
 #define REQ_HDR_SPACE (READ_MAX_RUNS * 48 + 256)
 #define BS_MAX_EXTENTS 16384 /* descriptors per context */
 
+/* Block status of one of an export's own contexts (a dirty bitmap),
+ * asked of the device beside the request's allocation extents. */
+struct bs_part {
+  struct bd_req bdr; /* first: completions find it */
+  struct nreq *n;
+  struct bd_extents ext;
+};
+
 /* One request from the moment its header is parsed until its reply has
  * been sent.  The struct bd_req comes first so completions can find it. */
 struct nreq {
@@ -36,6 +44,11 @@ struct nreq {
   uint64_t have;     /* write payload received so far */
   unsigned ctx_mask; /* block status: contexts to answer */
   struct bd_extents ext;
+  /* Block status: parts[i] for context HS_CTX_EXTRA + i (allocated on
+   * first use); device requests still running, and the first error. */
+  struct bs_part *parts;
+  unsigned pending;
+  int part_err;
   uint8_t *extra; /* block status descriptors, error text */
   size_t extracap;
   /* The reply, as an iovec over hdr, buf and extra. */
@@ -58,7 +71,8 @@ struct conn {
   struct bd_conn *bconn;        /* the device's per-connection state */
   struct wire_tx tx;
   bool ctx_base, ctx_depth;
-  struct conn *next; /* in srv->conns */
+  uint32_t ctx_extra; /* bit i: context HS_CTX_EXTRA + i */
+  struct conn *next;  /* in srv->conns */
   /* After STARTTLS every byte goes through the session.  The sender
    * stages a record in tls_wbuf; a send that would block is repeated with
    * the same bytes, as GnuTLS requires. */

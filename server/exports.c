@@ -22,6 +22,12 @@
  * it is one, so two spellings of a path share one device; otherwise the
  * export's name and spec, so a memory: disk belongs to its export and
  * survives reloads that keep both. */
+static void free_strv(char **v) {
+  for (size_t i = 0; v && v[i]; i++)
+    free(v[i]);
+  free(v);
+}
+
 static char *device_key(const char *name, const char *spec) {
   struct stat st;
   char *k = NULL;
@@ -112,6 +118,65 @@ static bool key_needs_rw(const struct build *b, const char *key) {
   return false;
 }
 
+static char *bitmap_context(const char *bitmap) {
+  size_t n = strlen(BD_CTX_BITMAP_PREFIX) + strlen(bitmap) + 1;
+  char *s = malloc(n);
+  if (s)
+    snprintf(s, n, BD_CTX_BITMAP_PREFIX "%s", bitmap);
+  return s;
+}
+
+/* Whether BD offers every bitmap C exports. */
+static bool offers_bitmaps(const struct bd *bd, const struct export_conf *c) {
+  for (size_t i = 0; i < c->nbitmaps; i++) {
+    char *name = bitmap_context(c->bitmaps[i]);
+    bool ok = name && bd_context_find(bd, name);
+    free(name);
+    if (!ok)
+      return false;
+  }
+  return true;
+}
+
+/* Add context NAME (taken) to V (N so far) unless it is there. */
+static int add_unique(char **v, size_t *n, char *name) {
+  if (!name)
+    return -ENOMEM;
+  for (size_t k = 0; k < *n; k++)
+    if (!strcmp(v[k], name)) {
+      free(name);
+      return 0;
+    }
+  if (*n == BD_MAX_CONTEXTS) {
+    free(name);
+    return -E2BIG;
+  }
+  v[(*n)++] = name;
+  return 0;
+}
+
+/* The contexts image KEY is opened with: every bitmap any export of the
+ * configuration exports from it, once.  NULL-terminated in *OUT; returns
+ * how many, or -errno. */
+static int key_contexts(const struct build *b, const char *key, char ***out) {
+  size_t n = 0;
+  char **v = calloc(BD_MAX_CONTEXTS + 1, sizeof *v);
+  int r = v ? 0 : -ENOMEM;
+  for (size_t i = 0; r == 0 && i < b->cf->n; i++) {
+    const struct export_conf *c = &b->cf->v[i];
+    if (strcmp(b->keys[i], key) != 0)
+      continue;
+    for (size_t j = 0; r == 0 && j < c->nbitmaps; j++)
+      r = add_unique(v, &n, bitmap_context(c->bitmaps[j]));
+  }
+  if (r < 0) {
+    free_strv(v);
+    return r;
+  }
+  *out = v;
+  return (int)n;
+}
+
 /* A live device for C's image, with a user added, if it can serve C.  One
  * nobody is connected to may be replaced (the old one closes with the
  * configuration it belongs to), also to reopen it read-only when no
@@ -130,8 +195,9 @@ static int reuse_device(struct build *b, const struct export_conf *c,
                     : b->open  ? b->open->aio
                                : BD_AIO_DEFAULT;
   /* Another format, cache or I/O mode is another opening of the image. */
-  bool other_fmt = d && ((fmt && strcmp(fmt, d->bd->format)) ||
-                         mode != d->bd->cache || aio != d->bd->aio);
+  bool other_fmt =
+      d && ((fmt && strcmp(fmt, d->bd->format)) || mode != d->bd->cache ||
+            aio != d->bd->aio || !offers_bitmaps(d->bd, c));
   bool need_rw = d && rw && d->bd->caps.readonly;
   bool busy = d && d->conns > 0;
   bool downgrade = d && !rw && !d->bd->caps.readonly && !busy;
@@ -142,7 +208,9 @@ static int reuse_device(struct build *b, const struct export_conf *c,
   *out = keep ? d : NULL;
   *replace = d && !busy && !keep ? d : NULL;
   if (busy && other_fmt)
-    return fail(b, c, "%s is open as %s with --cache %s for connected clients",
+    return fail(b, c,
+                "%s is open as %s with --cache %s (and its bitmaps) for "
+                "connected clients",
                 c->path, d->bd->format, bd_cache_name(d->bd->cache));
   if (busy && need_rw)
     return fail(b, c,
@@ -193,7 +261,18 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   oo.flags = (rw ? 0 : BD_OPEN_READONLY | BD_OPEN_UNSHARE_RESIZE) |
              (b->o->share && !rw ? BD_OPEN_SHARE : 0) |
              (oo.flags & BD_OPEN_COPY_ON_READ);
+  char **ctx = NULL;
+  int nctx = key_contexts(b, b->keys[i], &ctx);
+  if (nctx < 0) {
+    free(d);
+    return fail(b, c, "%s",
+                nctx == -E2BIG ? "more than 16 bitmaps of one image"
+                               : "out of memory");
+  }
+  oo.contexts = (const char *const *)ctx;
+  oo.ncontexts = (size_t)nctx;
   d->bd = bd_open_with(c->path, &oo);
+  free_strv(ctx);
   d->key = strdup(b->keys[i]);
   d->spec = strdup(c->path);
   if (!d->bd || !d->key || !d->spec) {
@@ -232,6 +311,23 @@ static uint32_t advertised_min(const struct bd *bd) {
   return m;
 }
 
+/* E's own contexts: C's bitmaps, by their number on E's device. */
+static int map_contexts(struct export *e, const struct export_conf *c) {
+  if (!c->nbitmaps)
+    return 0;
+  e->ctx_names = calloc(c->nbitmaps, sizeof *e->ctx_names);
+  e->ctx_map = calloc(c->nbitmaps, sizeof *e->ctx_map);
+  if (!e->ctx_names || !e->ctx_map)
+    return -1;
+  for (size_t i = 0; i < c->nbitmaps; i++) {
+    if (!(e->ctx_names[i] = bitmap_context(c->bitmaps[i])))
+      return -1;
+    e->nctx = i + 1; /* freed with the export from here on */
+    e->ctx_map[i] = bd_context_find(e->dev->bd, e->ctx_names[i]);
+  }
+  return 0;
+}
+
 static struct hs_export hs_export_of(const struct export *e) {
   const struct bd *bd = e->dev->bd;
   const struct bd_caps *cp = &bd->caps;
@@ -255,6 +351,8 @@ static struct hs_export hs_export_of(const struct export *e) {
       .pref_block = cp->pref_block,
       .max_block = cp->max_block,
       .tls_required = e->tls_required,
+      .contexts = (const char *const *)e->ctx_names,
+      .ncontexts = e->nctx,
   };
 }
 
@@ -282,6 +380,8 @@ static int add_export(struct build *b, size_t i) {
   s->n++; /* from here on, freeing the set frees it */
   if (attach_device(b, i, e) < 0)
     return -1;
+  if (map_contexts(e, c) < 0)
+    return fail(b, c, "out of memory");
   s->hs[s->n - 1] = hs_export_of(e);
   return 0;
 }
@@ -338,6 +438,10 @@ static int set_free(struct server *srv, struct export_set *s) {
     free(e->name);
     free(e->description);
     free(e->allow);
+    for (size_t j = 0; j < e->nctx; j++)
+      free(e->ctx_names[j]);
+    free(e->ctx_names);
+    free(e->ctx_map);
   }
   free(s->v);
   free(s->hs);

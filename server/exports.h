@@ -41,6 +41,12 @@ struct export {
   struct acl_rule *allow; /* TCP clients admitted; none: everyone */
   size_t nallow;
   struct metrics_export *mx; /* --metrics counters, or NULL */
+  /* Its own meta contexts (its bitmaps, "qemu:dirty-bitmap:NAME"): the
+   * handshake's context HS_CTX_EXTRA + i is the device's ctx_map[i]
+   * (bd_req.context). */
+  char **ctx_names;
+  unsigned *ctx_map;
+  size_t nctx;
 };
 
 struct export_set {

@@ -169,7 +169,7 @@ uint16_t hs_tflags(const struct hs_state *hs, const struct hs_export *e) {
   if (hs->structured)
     f |= NBD_FLAG_SEND_DF;
   /* The payload form of block status only means something with contexts. */
-  if (hs->extended && (hs->ctx_base || hs->ctx_depth))
+  if (hs->extended && (hs->ctx_base || hs->ctx_depth || hs->ctx_extra))
     f |= NBD_FLAG_BLOCK_STAT_PAYLOAD;
   return f;
 }
@@ -275,14 +275,17 @@ static enum hs_result do_info_go(struct hs_state *hs,
     return HS_CONTINUE;
   /* Contexts chosen for another export do not carry over to this one. */
   struct hs_state probe = *hs;
-  if (probe.ctx_export != idx)
+  if (probe.ctx_export != idx) {
     probe.ctx_base = probe.ctx_depth = false;
+    probe.ctx_extra = 0;
+  }
   send_infos(&probe, opt, &cat->v[idx], data + 4 + nlen + 2, nreqs, out);
   reply_ack(out, opt);
   if (opt == NBD_OPT_INFO)
     return HS_CONTINUE;
   hs->ctx_base = probe.ctx_base;
   hs->ctx_depth = probe.ctx_depth;
+  hs->ctx_extra = probe.ctx_extra;
   hs->export_index = idx;
   hs->tflags = hs_tflags(hs, &cat->v[idx]);
   return HS_GO;
@@ -298,8 +301,10 @@ static enum hs_result do_export_name(struct hs_state *hs,
     return HS_CLOSE;
   const struct hs_export *e = &cat->v[idx];
   /* As with GO: contexts set for this export are kept, others dropped. */
-  if (hs->ctx_export != idx)
+  if (hs->ctx_export != idx) {
     hs->ctx_base = hs->ctx_depth = false;
+    hs->ctx_extra = 0;
+  }
   hs->export_index = idx;
   hs->tflags = hs_tflags(hs, e);
   uint8_t *p = out_reserve(out, 10 + (hs->no_zeroes ? 0 : 124));
@@ -312,30 +317,82 @@ static enum hs_result do_export_name(struct hs_state *hs,
   return HS_GO;
 }
 
-/* Meta context queries: "base:allocation", "qemu:allocation-depth", and
- * the namespace prefixes "base:" and "qemu:" (LIST only). */
-static unsigned match_context(const uint8_t *q, uint32_t len, bool list) {
+/* Meta context queries, answered as qemu-nbd 7.2 answers them:
+ * "base:allocation", "qemu:allocation-depth" and the export's own contexts
+ * by exact name; for LIST only, the namespace "base:", "qemu:" (every
+ * qemu: context) and "qemu:dirty-bitmap:" (every bitmap).  Returns a mask
+ * of context ids. */
+static uint32_t match_extra(const struct hs_export *e, const uint8_t *q,
+                            uint32_t len, bool list) {
+  static const char bm[] = "qemu:dirty-bitmap:";
+  bool all_qemu = list && len == 5 && !memcmp(q, "qemu:", 5);
+  bool all_bm = list && len == sizeof bm - 1 && !memcmp(q, bm, len);
+  uint32_t mask = 0;
+  for (size_t i = 0; i < e->ncontexts && i < HS_MAX_EXTRA; i++) {
+    const char *name = e->contexts[i];
+    bool is_bm = !strncmp(name, bm, sizeof bm - 1);
+    bool exact = strlen(name) == len && !memcmp(q, name, len);
+    bool in_ns = !strncmp(name, "qemu:", 5);
+    if (exact || (all_bm && is_bm) || (all_qemu && in_ns))
+      mask |= 1u << (HS_CTX_EXTRA + i);
+  }
+  return mask;
+}
+
+static uint32_t match_context(const struct hs_export *e, const uint8_t *q,
+                              uint32_t len, bool list) {
   static const char base[] = "base:allocation",
                     depth[] = "qemu:allocation-depth";
+  uint32_t mask = match_extra(e, q, len, list);
   if (len == sizeof base - 1 && !memcmp(q, base, len))
-    return 1u << HS_CTX_BASE_ALLOCATION;
+    mask |= 1u << HS_CTX_BASE_ALLOCATION;
   if (len == sizeof depth - 1 && !memcmp(q, depth, len))
-    return 1u << HS_CTX_ALLOCATION_DEPTH;
+    mask |= 1u << HS_CTX_ALLOCATION_DEPTH;
   if (list && len == 5 && !memcmp(q, "base:", 5))
-    return 1u << HS_CTX_BASE_ALLOCATION;
+    mask |= 1u << HS_CTX_BASE_ALLOCATION;
   if (list && len == 5 && !memcmp(q, "qemu:", 5))
-    return 1u << HS_CTX_ALLOCATION_DEPTH;
-  return 0;
+    mask |= 1u << HS_CTX_ALLOCATION_DEPTH;
+  return mask;
+}
+
+static uint32_t all_contexts(const struct hs_export *e) {
+  size_t n = e->ncontexts < HS_MAX_EXTRA ? e->ncontexts : HS_MAX_EXTRA;
+  return (1u << HS_CTX_BASE_ALLOCATION) | (1u << HS_CTX_ALLOCATION_DEPTH) |
+         (((1u << n) - 1) << HS_CTX_EXTRA);
 }
 
 /* The id is only meaningful for SET: proto.md says the id in
  * LIST_META_CONTEXT replies "is reserved and SHOULD be set to zero". */
-static void send_context(struct hs_out *out, uint32_t opt, unsigned id) {
+static void send_context(struct hs_out *out, uint32_t opt,
+                         const struct hs_export *e, unsigned id) {
   const char *name = id == HS_CTX_BASE_ALLOCATION ? "base:allocation"
-                                                  : "qemu:allocation-depth";
+                     : id == HS_CTX_ALLOCATION_DEPTH
+                         ? "qemu:allocation-depth"
+                         : e->contexts[id - HS_CTX_EXTRA];
   uint8_t b[4];
   put_be32(b, opt == NBD_OPT_SET_META_CONTEXT ? id : 0);
   reply(out, opt, NBD_REP_META_CONTEXT, b, 4, name, strlen(name));
+}
+
+/* The query list at Q..END holds NQ well-formed strings. */
+static bool queries_ok(const uint8_t *q, const uint8_t *end, uint32_t nq) {
+  for (uint32_t i = 0; i < nq; i++) {
+    if (end - q < 4 || get_be32(q) > (uint64_t)(end - q - 4))
+      return false;
+    q += 4 + get_be32(q);
+  }
+  return q == end;
+}
+
+static uint32_t match_queries(const struct hs_export *e, const uint8_t *q,
+                              uint32_t nq, bool list) {
+  uint32_t mask = 0;
+  for (uint32_t i = 0; i < nq; i++) { /* bounds checked by queries_ok() */
+    uint32_t qlen = get_be32(q);
+    mask |= match_context(e, q + 4, qlen, list);
+    q += 4 + qlen;
+  }
+  return mask;
 }
 
 static void do_meta_context(struct hs_state *hs, const struct hs_catalog *cat,
@@ -357,33 +414,25 @@ static void do_meta_context(struct hs_state *hs, const struct hs_catalog *cat,
     return;
   }
   uint32_t nq = get_be32(data + 4 + nlen);
-  const uint8_t *q = data + 8 + nlen, *end = data + len;
-  unsigned mask = 0;
-  for (uint32_t i = 0; i < nq; i++) {
-    if (end - q < 4 || get_be32(q) > (uint64_t)(end - q - 4)) {
-      reply_err(out, opt, NBD_REP_ERR_INVALID, "malformed query list");
-      return;
-    }
-    uint32_t qlen = get_be32(q);
-    mask |= match_context(q + 4, qlen, list);
-    q += 4 + qlen;
-  }
-  if (q != end) {
-    reply_err(out, opt, NBD_REP_ERR_INVALID, "trailing bytes after queries");
+  const uint8_t *q = data + 8 + nlen;
+  if (!queries_ok(q, data + len, nq)) {
+    reply_err(out, opt, NBD_REP_ERR_INVALID, "malformed query list");
     return;
   }
   int idx = lookup(hs, cat, opt, data + 4, nlen, out);
   if (idx < 0)
     return;
-  if (list && nq == 0)
-    mask = (1u << HS_CTX_BASE_ALLOCATION) | (1u << HS_CTX_ALLOCATION_DEPTH);
-  for (unsigned id = HS_CTX_BASE_ALLOCATION; id <= HS_CTX_ALLOCATION_DEPTH;
+  const struct hs_export *e = &cat->v[idx];
+  uint32_t mask =
+      list && nq == 0 ? all_contexts(e) : match_queries(e, q, nq, list);
+  for (unsigned id = HS_CTX_BASE_ALLOCATION; id < HS_CTX_EXTRA + HS_MAX_EXTRA;
        id++)
     if (mask & (1u << id))
-      send_context(out, opt, id);
+      send_context(out, opt, e, id);
   if (!list) {
     hs->ctx_base = mask & (1u << HS_CTX_BASE_ALLOCATION);
     hs->ctx_depth = mask & (1u << HS_CTX_ALLOCATION_DEPTH);
+    hs->ctx_extra = mask >> HS_CTX_EXTRA;
     hs->ctx_export = idx;
   }
   reply_ack(out, opt);
@@ -441,6 +490,7 @@ void hs_tls_started(struct hs_state *hs) {
   hs->tls_active = true;
   hs->structured = hs->extended = false;
   hs->ctx_base = hs->ctx_depth = false;
+  hs->ctx_extra = 0;
   hs->ctx_export = -1;
 }
 

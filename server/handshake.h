@@ -16,6 +16,10 @@ struct hs_export {
   uint64_t size;
   uint16_t tflags; /* without the flags that depend on negotiation */
   uint32_t min_block, pref_block, max_block;
+  /* More meta contexts it offers, by full name ("qemu:dirty-bitmap:x"),
+   * at most HS_MAX_EXTRA: context i has id HS_CTX_EXTRA + i. */
+  const char *const *contexts;
+  size_t ncontexts;
   bool unlisted;     /* reachable, but left out of NBD_OPT_LIST */
   bool tls_required; /* usable only after STARTTLS (not listed before) */
 };
@@ -37,6 +41,8 @@ struct hs_catalog {
 /* Meta context ids as sent to clients. */
 #define HS_CTX_BASE_ALLOCATION 1
 #define HS_CTX_ALLOCATION_DEPTH 2
+#define HS_CTX_EXTRA 3 /* the first of an export's own contexts */
+#define HS_MAX_EXTRA 16
 
 /* The server's TLS policy (--tls). */
 enum hs_tls {
@@ -54,6 +60,7 @@ struct hs_state {
   bool extended;   /* extended headers negotiated */
   /* Meta contexts selected by SET_META_CONTEXT, and for which export. */
   bool ctx_base, ctx_depth;
+  uint32_t ctx_extra; /* bit i: the export's context i */
   int ctx_export;
   /* Result once HS_GO is returned. */
   int export_index;

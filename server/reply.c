@@ -102,19 +102,25 @@ static uint8_t *put_desc(uint8_t *d, bool ext, uint64_t len, uint32_t val) {
   return d + 8;
 }
 
+/* The extents that answer context ID. */
+static const struct bd_extents *extents_of(const struct nreq *n, unsigned id) {
+  return id >= HS_CTX_EXTRA ? &n->parts[id - HS_CTX_EXTRA].ext : &n->ext;
+}
+
 /* One block status chunk for context ID at P: extents merged by what this
  * context reports, clipped to the requested length.  Returns its size. */
 static size_t encode_context(struct nreq *n, uint8_t *p, unsigned id,
                              bool last) {
+  const struct bd_extents *x = extents_of(n, id);
   bool ext = n->c->tx.extended, one = n->r.flags & NBD_CMD_FLAG_REQ_ONE;
   size_t hdr = ext ? NBD_EXTENDED_REPLY_SIZE : NBD_STRUCTURED_REPLY_SIZE;
   size_t prefix = ext ? 8 : 4; /* context id, and count when extended */
   uint8_t *d = p + hdr + prefix;
   uint64_t left = n->bdr.length, cur_len = 0;
   uint32_t cur_val = 0, ndesc = 0;
-  for (size_t i = 0; i < n->ext.n && left > 0; i++) {
-    const struct bd_extent *e = &n->ext.v[i];
-    uint32_t val = id == HS_CTX_BASE_ALLOCATION ? e->flags : e->depth;
+  for (size_t i = 0; i < x->n && left > 0; i++) {
+    const struct bd_extent *e = &x->v[i];
+    uint32_t val = id == HS_CTX_ALLOCATION_DEPTH ? e->depth : e->flags;
     if (cur_len > 0 && val != cur_val) {
       d = put_desc(d, ext, cur_len, cur_val);
       ndesc++;
@@ -142,12 +148,20 @@ static size_t encode_context(struct nreq *n, uint8_t *p, unsigned id,
 }
 
 static void reply_block_status(struct nreq *n) {
-  if (n->ext.n == 0) {
-    reply_error(n, NBD_EIO, "the device returned no extents");
-    return;
+  unsigned ids[HS_CTX_EXTRA + HS_MAX_EXTRA], nids = 0;
+  size_t need = 0, unit = n->c->tx.extended ? 16 : 8;
+  for (unsigned id = HS_CTX_BASE_ALLOCATION; id < HS_CTX_EXTRA + HS_MAX_EXTRA;
+       id++) {
+    if (!(n->ctx_mask & (1u << id)))
+      continue;
+    const struct bd_extents *x = extents_of(n, id);
+    if (x->n == 0) {
+      reply_error(n, NBD_EIO, "the device returned no extents");
+      return;
+    }
+    ids[nids++] = id;
+    need += unit * (x->n + 1) + 48;
   }
-  size_t per = (n->c->tx.extended ? 16 : 8) * (n->ext.n + 1) + 48;
-  size_t need = 2 * per;
   if (n->extracap < need) {
     uint8_t *x = realloc(n->extra, need);
     if (!x) {
@@ -160,11 +174,6 @@ static void reply_block_status(struct nreq *n) {
   n->niov = 0;
   n->total = 0;
   size_t len = 0;
-  unsigned ids[2], nids = 0;
-  for (unsigned id = HS_CTX_BASE_ALLOCATION; id <= HS_CTX_ALLOCATION_DEPTH;
-       id++)
-    if (n->ctx_mask & (1u << id))
-      ids[nids++] = id;
   for (unsigned i = 0; i < nids; i++)
     len += encode_context(n, n->extra + len, ids[i], i + 1 == nids);
   iov_add(n, n->extra, len);

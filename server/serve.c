@@ -79,6 +79,19 @@ static int check_ro_names(const struct serve_opts *o, const struct config *cf) {
   return 0;
 }
 
+/* -B NAME...: the bitmaps every command-line export offers. */
+static int copy_bitmaps(const struct serve_opts *o, struct export_conf *e) {
+  if (!o->n_bitmaps)
+    return 0;
+  e->bitmaps = calloc(o->n_bitmaps, sizeof *e->bitmaps);
+  for (size_t i = 0; e->bitmaps && i < o->n_bitmaps; i++) {
+    if (!(e->bitmaps[i] = strdup(o->bitmaps[i])))
+      return -1;
+    e->nbitmaps = i + 1;
+  }
+  return e->bitmaps ? 0 : -1;
+}
+
 /* The command line's IMAGE... as a configuration: NAME=PATH or PATH, the
  * first also the default export. */
 static int config_from_args(char **images, int n, const struct serve_opts *o,
@@ -103,6 +116,8 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
     /* A plugin's device serves its listed exports too: it stays writable
      * and exports.c makes the named exports read-only. */
     e->readonly = o->plugin ? o->readonly : export_readonly(o, e);
+    if (copy_bitmaps(o, e) < 0)
+      return -1;
     for (int j = 0; j < i; j++) {
       if (strcmp(cf->v[j].name, e->name) == 0) {
         log_error("export name '%s' is used twice", e->name);

@@ -81,6 +81,8 @@ struct serve_opts {
   bool force_share;  /* with readonly: share images with writers */
   char **ro_exports; /* --readonly-export NAME */
   size_t n_ro_exports;
+  char **bitmaps; /* -B NAME: exported from every IMAGE */
+  size_t n_bitmaps;
   const struct bd_open_opts *open; /* how images are opened, NULL: the
                                     * defaults */
   unsigned workers;
