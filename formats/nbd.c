@@ -165,6 +165,9 @@ struct nbddev {
   pthread_t thread;
   int64_t timeout_ms; /* 0: wait for a connection forever */
   bool can_flush, can_trim, can_cache, can_extents;
+  /* Named contexts asked of the server, passed through (bd.contexts). */
+  char **ctx;
+  size_t nctx;
   pthread_mutex_t lock; /* waiters, closing, and changes to C_UP */
   struct op *wait_head, *wait_tail;
   bool closing;
@@ -415,14 +418,23 @@ static void op_freed(void *user_data) {
   done_tail = op;
 }
 
+/* The server answers every context negotiated: only the one REQ asked
+ * for is kept, allocation (its hole and zero bits, depth 1) or a named
+ * context's values as they are (depth 0). */
 static int extent_cb(void *user_data, const char *context, uint64_t offset,
                      uint32_t *entries, size_t n, int *error) {
   (void)offset, (void)error;
-  struct bd_req *req = ((struct op *)user_data)->req;
-  if (strcmp(context, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0)
+  const struct op *op = user_data;
+  struct bd_req *req = op->req;
+  const char *want = req->context ? op->d->ctx[req->context - 1]
+                                  : LIBNBD_CONTEXT_BASE_ALLOCATION;
+  if (strcmp(context, want) != 0)
     return 0;
+  uint32_t mask = req->context ? UINT32_MAX : 3;
+  uint32_t depth = req->context ? 0 : 1;
   for (size_t i = 0; i + 1 < n; i += 2)
-    if (bd_extents_add(req->extents, entries[i], entries[i + 1] & 3, 1) != 0)
+    if (bd_extents_add(req->extents, entries[i], entries[i + 1] & mask,
+                       depth) != 0)
       break;
   return 0;
 }
@@ -614,6 +626,8 @@ static bool answer_locally(struct nbddev *d, struct bd_req *req, int *err) {
   case BD_TRIM: return !d->can_trim || req->length == 0;
   case BD_CACHE: return !d->can_cache || req->length == 0;
   case BD_BLOCK_STATUS:
+    if (req->context) /* the core checked that it was negotiated */
+      return req->length == 0;
     if (d->can_extents && req->length > 0)
       return false;
     if (req->length > 0 && bd_extents_add(req->extents, req->length, 0, 1) < 0)
@@ -700,10 +714,12 @@ static void nbdsrc_submit(struct bd *bd, struct bd_req *req) {
 
 /* ---- connections ---- */
 
-static struct nbd_handle *new_handle(void) {
+static struct nbd_handle *new_handle(const struct nbddev *d) {
   struct nbd_handle *h = nbd_create();
   if (!h)
     return NULL;
+  for (size_t i = 0; i < d->nctx; i++)
+    nbd_add_meta_context(h, d->ctx[i]);
   nbd_set_pread_initialize(h, false); /* buffers are ours, unread on error */
   /* The URI comes from our own command line, so nbds:// may name its key
    * file (tls-psk-file=); libnbd refuses that by default. */
@@ -787,7 +803,7 @@ static void connect_failed(struct conn *c, int64_t now, const char *why) {
 }
 
 static void start_connect(struct conn *c, int64_t now) {
-  struct nbd_handle *h = new_handle();
+  struct nbd_handle *h = new_handle(c->d);
   if (!h) {
     connect_failed(c, now, "cannot create a libnbd handle");
     return;
@@ -1381,6 +1397,9 @@ static void free_dev(struct nbddev *d) {
     pthread_rwlock_destroy(&d->conns[i].lock);
   }
   drain(); /* commands closed with their handles fail here */
+  for (size_t i = 0; i < d->nctx; i++)
+    free(d->ctx[i]);
+  free(d->ctx);
   if (d->log.peak)
     log_info("nbd %s: replay log peak %llu bytes", d->uri,
              (unsigned long long)d->log.peak);
@@ -1515,10 +1534,42 @@ static const char *connect_within(struct nbd_handle *h, const char *uri) {
   return nbd_aio_is_ready(h) == 1 ? NULL : nbd_get_error();
 }
 
+/* Every context asked for was negotiated, or opening fails saying which
+ * (a bitmap the server does not export: qemu-nbd without -B NAME). */
+static int check_contexts(const struct nbddev *d, struct nbd_handle *h) {
+  size_t plen = strlen(BD_CTX_BITMAP_PREFIX);
+  for (size_t i = 0; i < d->nctx; i++) {
+    const char *name = d->ctx[i];
+    if (nbd_can_meta_context(h, name) == 1)
+      continue;
+    if (!strncmp(name, BD_CTX_BITMAP_PREFIX, plen))
+      bd_set_error("nbd %s: the server exports no bitmap '%s' (it offers "
+                   "no context %s)",
+                   d->uri, name + plen, name);
+    else
+      bd_set_error("nbd %s: the server offers no context %s", d->uri, name);
+    return -1;
+  }
+  return 0;
+}
+
+/* The contexts O asks for, kept for every connection. */
+static int copy_contexts(struct nbddev *d, const struct bd_open_opts *o) {
+  if (!o->ncontexts)
+    return 0;
+  d->ctx = calloc(o->ncontexts, sizeof *d->ctx);
+  for (size_t i = 0; d->ctx && i < o->ncontexts; i++) {
+    if (!(d->ctx[i] = strdup(o->contexts[i])))
+      return -1;
+    d->nctx = i + 1;
+  }
+  return d->ctx ? 0 : -1;
+}
+
 /* The first connection, made in the caller's thread so that an error
  * reaches it; it fixes the size and capabilities. */
 static int connect_first(struct nbddev *d) {
-  struct nbd_handle *h = new_handle();
+  struct nbd_handle *h = new_handle(d);
   if (!h) {
     bd_set_error("nbd %s: cannot set up: %s", d->uri, nbd_get_error());
     return -1;
@@ -1537,14 +1588,14 @@ static int connect_first(struct nbddev *d) {
   d->size = (uint64_t)size;
   d->ident = ident_of(h);
   atomic_store(&d->conns[0].state, C_UP);
-  return 0;
+  return check_contexts(d, h);
 }
 
 /* The others: one that fails is left to the event thread to retry. */
 static void connect_rest(struct nbddev *d) {
   for (unsigned i = 1; i < d->nconns; i++) {
     struct conn *c = &d->conns[i];
-    struct nbd_handle *h = new_handle();
+    struct nbd_handle *h = new_handle(d);
     const char *why =
         h ? connect_within(h, d->uri) : "cannot create a libnbd handle";
     if (!why &&
@@ -1565,8 +1616,10 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
   bool readonly = o->flags & BD_OPEN_READONLY;
   struct nbddev *d = new_dev(uri, o->nbd_timeout, o->nbd_replay_limit);
   struct bd *bd = NULL;
-  if (!d) {
+  if (!d || copy_contexts(d, o) < 0) {
     bd_set_error("nbd %s: cannot set up: out of memory", uri);
+    if (d)
+      free_dev(d);
     return NULL;
   }
   if (connect_first(d) < 0)
@@ -1575,6 +1628,11 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
     bd_set_error("nbd %s: out of memory", uri);
     goto fail;
   }
+  for (size_t i = 0; i < d->nctx; i++)
+    if (bd_add_context(bd, d->ctx[i]) < 0) {
+      bd_set_error("nbd %s: out of memory", uri);
+      goto fail;
+    }
   set_caps(bd, d, d->conns[0].h, readonly);
   bd->caps.transient_eio = true; /* lost connections come back */
   d->nconns = conn_count(d, d->conns[0].h, o->nbd_connections);
