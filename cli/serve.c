@@ -48,7 +48,8 @@ static const char serve_head[] =
     "  -B, --bitmap NAME         offer the persistent dirty bitmap NAME of\n"
     "                            every IMAGE (qcow2, or an NBD URI whose\n"
     "                            server has it) as the meta context\n"
-    "                            qemu:dirty-bitmap:NAME (repeat for more)\n"
+    "                            qemu:dirty-bitmap:NAME (repeat for more:\n"
+    "                            listed last first, as qemu-nbd lists them)\n"
     "  -c, --max-connections N   refuse clients beyond N (default 128)\n"
     "      --max-requests N      requests in flight per connection (default "
     "256)\n"
@@ -201,7 +202,9 @@ static int add_bitmap(struct serve_opts *o, const char *name) {
   char **n = realloc(o->bitmaps, (o->n_bitmaps + 1) * sizeof *n);
   if (!n)
     return -1;
-  n[o->n_bitmaps++] = (char *)name;
+  /* The last first, as qemu-nbd keeps them (and answers LIST in). */
+  memmove(n + 1, n, o->n_bitmaps++ * sizeof *n);
+  n[0] = (char *)name;
   o->bitmaps = n;
   return 1;
 }
