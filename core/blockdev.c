@@ -717,6 +717,11 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
     return;
   }
   req->flags &= ~BD_F_ALIGNED;
+  if (req->cmd == BD_BLOCK_STATUS && req->context && bd->caps.contexts_nowait &&
+      bd->exec == BD_EXEC_POOL) {
+    req->done(req, bd_execute(bd, req));
+    return;
+  }
   switch (bd->exec) {
   case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
   case BD_EXEC_POOL: submit_pooled(bd, req); return;

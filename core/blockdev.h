@@ -116,6 +116,10 @@ struct bd_caps {
   /* Requests not aligned to min_block fail (a file opened with O_DIRECT):
    * the core aligns them (core/disk.c), so users may send any range. */
   bool aligned_only;
+  /* context_extents() never blocks (answers from memory): the core runs
+   * it in the submitting thread, with no hand-off to the pool.  Off in
+   * bd_caps_full(). */
+  bool contexts_nowait;
   uint32_t min_block, pref_block, max_block;
 };
 

@@ -442,7 +442,8 @@ static bool ensure_parts(struct nreq *n) {
 /* The device request for the export's context I (HS_CTX_EXTRA + I). */
 static struct bd_req *part_req(struct conn *c, struct nreq *n, unsigned i) {
   struct bs_part *p = &n->parts[i];
-  bd_extents_reset(&p->ext, n->bdr.offset, n->ext.max);
+  bool one = n->bdr.flags & BD_F_REQ_ONE;
+  bd_extents_reset(&p->ext, n->bdr.offset, one ? 1 : BS_MAX_PART_EXTENTS);
   p->bdr = (struct bd_req){.cmd = BD_BLOCK_STATUS,
                            .flags = n->bdr.flags,
                            .offset = n->bdr.offset,

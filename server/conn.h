@@ -19,6 +19,9 @@
 #define REQ_MAX_IOV (2 * READ_MAX_RUNS + 2)
 #define REQ_HDR_SPACE (READ_MAX_RUNS * 48 + 256)
 #define BS_MAX_EXTENTS 16384 /* descriptors per context */
+/* ... of an export's own context (a bitmap, from memory): as many as
+ * qemu-nbd sends (1 MiB of descriptors), so a walk takes as few trips. */
+#define BS_MAX_PART_EXTENTS 131072
 
 /* Block status of one of an export's own contexts (a dirty bitmap),
  * asked of the device beside the request's allocation extents. */

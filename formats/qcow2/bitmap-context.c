@@ -225,8 +225,9 @@ int qcow2_contexts_extents(const struct qcow2_contexts *c, size_t ctx,
   if (gend > b->nbits)
     gend = b->nbits; /* the core keeps requests inside the image */
   uint64_t g = off >> b->gran_bits;
-  while (off < end && g < gend) {
-    bool set = bit(b, g);
+  bool set = g < gend && bit(b, g);
+  /* Each run ends where the bit flips: the next one has the other value. */
+  for (; off < end && g < gend; set = !set) {
     uint64_t next = run_end(b, g, gend, set);
     uint64_t stop = next << b->gran_bits;
     if (stop > end || next == gend)

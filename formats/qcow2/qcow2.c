@@ -1021,6 +1021,7 @@ static struct bd *qcow2_open_chain(const char *path,
     bd->caps.min_block = q->dio_align;
     bd->caps.aligned_only = true;
   }
+  bd->caps.contexts_nowait = true; /* bitmaps are in memory */
   if (qcow2_contexts_attach(q, q->contexts, bd) < 0) {
     bd_close(bd);
     bd_set_error("out of memory");
