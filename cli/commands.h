@@ -12,6 +12,7 @@ int map_main(int argc, char **argv);
 int convert_main(int argc, char **argv);
 int compare_main(int argc, char **argv);
 int resize_main(int argc, char **argv);
+int bitmap_main(int argc, char **argv);
 int mount_main(int argc, char **argv);
 int vhost_main(int argc, char **argv);
 

@@ -26,6 +26,7 @@ static const struct command {
      "copy an image into a new raw or qcow2 file or RBD image"},
     {"compare", compare_main, "whether two images hold the same bytes"},
     {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
+    {"bitmap", bitmap_main, "change the persistent bitmaps of a qcow2 image"},
 };
 
 static void usage(FILE *f) {
