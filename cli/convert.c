@@ -24,6 +24,7 @@
 #include "backing.h"
 #include "cli.h"
 #include "commands.h"
+#include "copy-bitmaps.h"
 #include "image-opts.h"
 
 #define CHUNK (2u * 1024 * 1024) /* bytes per request, at least */
@@ -36,7 +37,9 @@ static const char convert_usage[] =
     "                         -O raw|qcow2\n"
     "                         [-o OPTIONS] [-B BACKING [-F FMT]] [-S SIZE]\n"
     "                         [-m N] [-t CACHE] [-T CACHE]\n"
-    "                         [--target-is-zero] SRC DST\n"
+    "                         [--target-is-zero] [--bitmaps "
+    "[--skip-broken-bitmaps]]\n"
+    "                         SRC DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE,\n"
@@ -62,6 +65,10 @@ static const char convert_usage[] =
     "  -n            DST exists: write into it, do not create it (it must\n"
     "                be as large as SRC); zeroes are written too\n"
     "  --target-is-zero  with -n: DST reads as zeroes, skip writing them\n"
+    "  --bitmaps     copy the persistent bitmaps of a qcow2 SRC into a\n"
+    "                qcow2 DST (names, granularities, enabled or not, bits)\n"
+    "  --skip-broken-bitmaps  with --bitmaps: leave out inconsistent\n"
+    "                bitmaps (with a warning) instead of refusing\n"
     "  -S SIZE       zeroes are left unwritten (sparse) in aligned runs of\n"
     "                SIZE, a multiple of 512 up to 16M (default: 4k for raw,\n"
     "                the cluster size for qcow2); 0: write everything, the\n"
@@ -395,6 +402,7 @@ struct dst_opts {
   int64_t sparse;                 /* -S; -1: the format's default */
   bool offload;                   /* -C */
   unsigned slots;                 /* -m */
+  bool bitmaps, skip_broken;      /* --bitmaps, --skip-broken-bitmaps */
 };
 
 /* A new RBD image, as big as the source; an existing one is refused. */
@@ -566,6 +574,11 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
     return 1;
   }
   int ret = 1;
+  /* As qemu-img: an inconsistent bitmap is refused before DST is made. */
+  if (d->bitmaps && copy_bitmaps_check_src(cp.src, d->skip_broken) < 0) {
+    bd_close(cp.src);
+    return 1;
+  }
   struct bd *backing = d->o.backing ? open_dst_backing(dst_path, d) : NULL;
   if (d->o.backing && !backing)
     goto out;
@@ -581,10 +594,11 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
     bd_close(backing); /* DST opens its own */
   backing = NULL;
   cp.dst = made < 0 ? NULL : open_dst(dst_path, d, dsize);
-  if (!cp.dst)
+  if (!cp.dst || (d->bitmaps && copy_bitmaps_check_dst(cp.dst) < 0))
     goto out;
   cp.total = size;
-  if (run_copy(&cp) == 0)
+  if (run_copy(&cp) == 0 &&
+      (!d->bitmaps || copy_bitmaps(cp.src, cp.dst, d->skip_broken) == 0))
     ret = 0;
 out:
   if (backing)
@@ -671,6 +685,8 @@ static int convert_option(struct convert_args *a, int ch, const char *arg) {
   case 'Z': d->target_zero = true; return 0;
   case 'W': return 0; /* always out of order here */
   case 'C': d->offload = true; return 0;
+  case 'M': d->bitmaps = true; return 0;
+  case 'K': d->skip_broken = true; return 0;
   case 'S': return sparse_size(arg, &d->sparse);
   case 'm':
     if (cli_parse_uint(arg, 1, SLOTS, &m) == 0) {
@@ -702,6 +718,10 @@ static const char *conflict(const struct convert_args *a, bool rbd_dst) {
     return "Cannot enable copy offloading when -S is used";
   if (d->offload && a->compress)
     return "Cannot enable copy offloading when -c is used";
+  if (d->skip_broken && !d->bitmaps)
+    return "Use of --skip-broken-bitmaps requires --bitmaps";
+  if (d->bitmaps && a->plugin)
+    return "Source lacks bitmap support";
   if (d->target_zero && !d->existing)
     return "--target-is-zero needs -n";
   if (d->existing && (d->o.qcow2_only || d->o.has_size || d->o.q.prealloc))
@@ -716,6 +736,8 @@ static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
       {"plugin", required_argument, NULL, 'G'},
       {"force-share", no_argument, NULL, 'U'},
       {"target-is-zero", no_argument, NULL, 'Z'},
+      {"bitmaps", no_argument, NULL, 'M'},
+      {"skip-broken-bitmaps", no_argument, NULL, 'K'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
