@@ -5,7 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char errbuf[512];
+/* Room for QEMU's messages that name a bitmap of 1023 bytes twice. */
+static _Thread_local char errbuf[4096];
 
 void bd_set_errorv(const char *fmt, va_list ap) {
   /* Formatted aside first: an argument may point into errbuf. */
