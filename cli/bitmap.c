@@ -82,7 +82,7 @@ static int run_one(struct qcow2_bm_edit *e, struct qcow2_bm_edit *src,
                    const struct bitmap_args *a, const struct action *act) {
   if (!e && act->op == OP_ADD) {
     bd_set_error("Can't store persistent bitmaps to %s: Operation not "
-                 "supported (only qcow2 v3 images have persistent bitmaps)",
+                 "supported (only qcow2 images have persistent bitmaps)",
                  a->path);
     return -ENOTSUP;
   }
@@ -108,7 +108,7 @@ static int run_all(struct bd *bd, struct bd *src_bd,
                    const struct bitmap_args *a) {
   struct qcow2_bm_edit *e = NULL, *src = NULL;
   int r = 0;
-  if (bd && qcow2_bm_supported(bd))
+  if (!strcmp(bd->format, "qcow2")) /* v2 too: QEMU's refusal is add's */
     r = qcow2_bm_open(bd, &e);
   if (r == 0 && src_bd && !strcmp(src_bd->format, "qcow2"))
     r = qcow2_bm_open(src_bd, &src);
