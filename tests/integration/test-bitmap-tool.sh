@@ -5,11 +5,12 @@
 # status and message, "qemu-img: " and "blockport bitmap: " taken off),
 # then the bitmaps of both copies compared (qemu-img info's name,
 # granularity and flags, and each bitmap's dirty map through qemu-nbd -B
-# and nbdinfo) and both checked by qemu-img check.  Also: an inconsistent
-# bitmap, a merge from another image (-b), a v2 image, a backing file's
-# name moved by the header extension, a locked image, a raw image; a
-# crash at every I/O leaves an image qemu-img check accepts (leaks at
-# worst); convert --bitmaps against qemu-img convert --bitmaps.
+# and nbdinfo; blockport info's list too) and both checked by qemu-img
+# check.  Also: an inconsistent bitmap, a merge from another image (-b),
+# a v2 image, a backing file's name moved by the header extension, a
+# locked image, a raw image; a crash at every I/O leaves an image
+# qemu-img check accepts (leaks at worst); convert --bitmaps against
+# qemu-img convert --bitmaps.
 source "$(dirname "$0")/lib.sh"
 require qemu-img qemu-io qemu-nbd nbdinfo
 cd "$T"
@@ -79,6 +80,12 @@ twin() {
     bitmaps q.qcow2 >want || fail "bitmaps of qemu-img's copy"
     bitmaps b.qcow2 >got || fail "bitmaps of blockport's copy"
     diff want got || fail "bitmap $*: bitmaps differ from qemu-img's"
+    # blockport info lists them as qemu-img info does.
+    "$BLOCKPORT" info --output=json b.qcow2 | "$PY" -c '
+import json, sys
+for b in json.load(sys.stdin)["format-specific"]["data"].get("bitmaps", []):
+    print(b["name"], b["granularity"], ",".join(b["flags"]))' >info.got
+    names b.qcow2 | diff - info.got || fail "bitmap $*: blockport info differs"
 }
 
 # The test image: 64 MiB, an enabled bitmap, a fine one and a disabled
