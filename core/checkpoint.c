@@ -1,0 +1,1227 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Checkpoint views by copy-before-write (checkpoint.h says what).
+ *
+ * How it holds together:
+ *   - One struct live per wrapped device, shared by the live struct bd and
+ *     every view (refcounted: INNER closes with the last of them).
+ *   - Writes in flight are counted (inflight).  ckpt_take() sets paused
+ *     and waits for the count to reach 0; a writer increments the count
+ *     first and then reads paused (both sequentially consistent), so either
+ *     it sees the pause and queues itself, or the taker sees it and waits.
+ *     Views, the recording bitmap and the view list therefore change only
+ *     while no write is in flight, and a writer reads them without a lock.
+ *   - Per view, a hash map granule -> fleece offset, marked COPYING while
+ *     its copy is under way (readers read INNER, writers wait), then
+ *     DRAINING while readers that read INNER there are still at it (new
+ *     readers read the fleece, writers still wait).  A writer that finds a
+ * granule absent (or COPYING, by another writer) for an open unbroken view goes
+ * to the pool: per granule it marks it COPYING in every view lacking it, reads
+ *     it from INNER once, appends it to each view's fleece, marks it
+ *     DRAINING, waits for the view readers registered before that mark that
+ *     overlap it (they read INNER there), marks it copied, and finally
+ *     forwards the write.  Any other writer of the granule meanwhile waits
+ *     (for the copier, which is running); a copier waits only for readers,
+ *     which wait for nothing: no cycle.
+ *   - A view read registers its granule range with a sequence number, then
+ *     reads copied granules from the fleece and the others from INNER.
+ *   - Everything but the counters is under one mutex, taken only when a
+ *     view is open (or by ckpt_take, ckpt_list, closing). */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io.h"
+#include "log.h"
+#include "pool.h"
+
+#define COPYING (1ull << 63)  /* map value: fleece slot, copy under way */
+#define DRAINING (1ull << 62) /* ... copied, earlier readers still on INNER */
+#define BUSY (COPYING | DRAINING)
+#define COPY_CHUNK (1u << 20) /* copy buffer: a granule in pieces of this */
+#define NONE UINT64_MAX
+
+/* ---- dirty bitmaps ---- */
+
+struct cbm {
+  uint64_t nbits;
+  _Atomic(uint64_t) w[];
+};
+
+static struct cbm *cbm_new(uint64_t nbits) {
+  uint64_t nw = (nbits + 63) / 64;
+  struct cbm *b = calloc(1, sizeof *b + nw * sizeof(uint64_t));
+  if (b)
+    b->nbits = nbits;
+  return b;
+}
+
+/* Granules [G0, G1): lock-free, and no store where the bits are set. */
+static void cbm_set(struct cbm *b, uint64_t g0, uint64_t g1) {
+  while (g0 < g1) {
+    uint64_t w = g0 / 64, lo = g0 % 64;
+    uint64_t n = g1 - g0 < 64 - lo ? g1 - g0 : 64 - lo;
+    uint64_t mask = (n == 64 ? ~0ull : ((1ull << n) - 1)) << lo;
+    if ((atomic_load_explicit(&b->w[w], memory_order_relaxed) & mask) != mask)
+      atomic_fetch_or_explicit(&b->w[w], mask, memory_order_relaxed);
+    g0 += n;
+  }
+}
+
+static uint64_t cbm_word(const struct cbm *b, uint64_t w) {
+  return atomic_load_explicit((_Atomic(uint64_t) *)&b->w[w],
+                              memory_order_relaxed);
+}
+
+static bool cbm_bit(const struct cbm *b, uint64_t g) {
+  return (cbm_word(b, g / 64) >> (g % 64)) & 1;
+}
+
+/* The first granule in (G, END) whose bit differs from SET, or END. */
+static uint64_t cbm_run_end(const struct cbm *b, uint64_t g, uint64_t end,
+                            bool set) {
+  uint64_t w = g / 64;
+  uint64_t v = (set ? ~cbm_word(b, w) : cbm_word(b, w)) & (~0ull << (g % 64));
+  while (v == 0) {
+    if (++w * 64 >= end)
+      return end;
+    v = set ? ~cbm_word(b, w) : cbm_word(b, w);
+  }
+  uint64_t n = w * 64 + (uint64_t)__builtin_ctzll(v);
+  return n < end ? n : end;
+}
+
+static uint64_t cbm_count(const struct cbm *b) {
+  uint64_t n = 0;
+  for (uint64_t w = 0; w < (b->nbits + 63) / 64; w++)
+    n += (uint64_t)__builtin_popcountll(cbm_word(b, w));
+  return n;
+}
+
+/* ---- granule -> fleece offset ---- */
+
+struct fent {
+  uint64_t key; /* granule + 1; 0: empty */
+  uint64_t val; /* fleece offset, | COPYING or DRAINING */
+};
+
+struct fmap {
+  struct fent *v;
+  size_t cap, n; /* cap: a power of two, or 0 */
+};
+
+static size_t fmap_slot(const struct fmap *m, uint64_t g) {
+  return (size_t)((g * 0x9e3779b97f4a7c15ull) >> 20) & (m->cap - 1);
+}
+
+static uint64_t *fmap_get(const struct fmap *m, uint64_t g) {
+  if (!m->cap)
+    return NULL;
+  for (size_t i = fmap_slot(m, g);; i = (i + 1) & (m->cap - 1)) {
+    if (m->v[i].key == g + 1)
+      return &m->v[i].val;
+    if (m->v[i].key == 0)
+      return NULL;
+  }
+}
+
+static int fmap_put(struct fmap *m, uint64_t g, uint64_t val) {
+  if ((m->n + 1) * 4 > m->cap * 3) {
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    struct fent *v = calloc(cap, sizeof *v);
+    if (!v)
+      return -ENOMEM;
+    struct fmap nm = {v, cap, m->n};
+    for (size_t i = 0; i < m->cap; i++)
+      if (m->v[i].key) {
+        size_t j = fmap_slot(&nm, m->v[i].key - 1);
+        while (v[j].key)
+          j = (j + 1) & (cap - 1);
+        v[j] = m->v[i];
+      }
+    free(m->v);
+    *m = nm;
+  }
+  size_t i = fmap_slot(m, g);
+  while (m->v[i].key && m->v[i].key != g + 1)
+    i = (i + 1) & (m->cap - 1);
+  if (!m->v[i].key)
+    m->n++;
+  m->v[i] = (struct fent){g + 1, val};
+  return 0;
+}
+
+static void fmap_free(struct fmap *m) {
+  free(m->v);
+  *m = (struct fmap){0};
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The granules in [G0, G1) copied (not COPYING), sorted, into *OUT. */
+static int fmap_copied_in(const struct fmap *m, uint64_t g0, uint64_t g1,
+                          uint64_t **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  if (!m->n || g0 >= g1)
+    return 0;
+  size_t cap = m->n < g1 - g0 ? m->n : (size_t)(g1 - g0);
+  uint64_t *v = malloc(cap * sizeof *v);
+  if (!v)
+    return -ENOMEM;
+  size_t k = 0;
+  if (g1 - g0 <= (uint64_t)m->cap) { /* walk the range */
+    for (uint64_t g = g0; g < g1 && k < cap; g++) {
+      const uint64_t *e = fmap_get(m, g);
+      if (e && !(*e & COPYING))
+        v[k++] = g;
+    }
+  } else { /* walk the map */
+    for (size_t i = 0; i < m->cap && k < cap; i++) {
+      uint64_t g = m->v[i].key - 1;
+      if (m->v[i].key && g >= g0 && g < g1 && !(m->v[i].val & COPYING))
+        v[k++] = g;
+    }
+    qsort(v, k, sizeof *v, cmp_u64);
+  }
+  if (k == 0) {
+    free(v);
+    v = NULL;
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+/* ---- the shared state ---- */
+
+struct ckpt;
+struct live;
+
+/* A view reader in flight: granules [g0, g1), registered at seq. */
+struct reader {
+  uint64_t g0, g1, seq;
+  struct reader *prev, *next;
+};
+
+struct cview {
+  struct live *lv;
+  struct ckpt *ck;   /* its checkpoint */
+  struct ckpt *prev; /* the previous checkpoint (its bitmap), or NULL */
+  unsigned refs;     /* the view device, and copies under way */
+  bool closed, broken;
+  char reason[160];
+  int fd;            /* fleece file, -1 once closed */
+  unsigned fd_users; /* copies writing, readers reading it */
+  uint64_t fleece_end;
+  uint64_t fleece; /* bytes it holds, counted in live.used */
+  struct fmap map;
+  struct reader *readers;
+  struct cview *next; /* live.views: open views */
+};
+
+struct ckpt {
+  char *name, *prev;
+  struct cbm *bm; /* dirty since it: recording (latest) or frozen */
+  struct cview *view;
+  struct ckpt *next;
+};
+
+/* A request on the live device. */
+struct lreq {
+  struct bd_req child; /* to INNER; first (also the pool's request) */
+  struct bd_req *parent;
+  struct live *lv;
+  bool write; /* counted in inflight */
+  struct lreq *qnext;
+};
+
+struct live {
+  struct bd *inner;
+  struct bd *helper; /* runs copy jobs on the pool (job_ops) */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  unsigned waiters; /* threads in cond_wait: broadcast only then */
+  unsigned refs;    /* the live device and each view */
+  uint32_t gran;
+  unsigned gshift;
+  uint64_t ngran;
+  char *fleece_dir;
+  uint64_t limit, used;
+  atomic_uint inflight;
+  atomic_bool paused;
+  struct lreq *queued, **qtail;
+  _Atomic(struct cbm *) rec; /* recording bitmap, NULL before the first */
+  atomic_uint nviews;        /* open, unbroken views */
+  struct cview *views;
+  struct ckpt *ckpts;
+  bool taking;
+  uint64_t rseq; /* reader sequence */
+};
+
+static void lv_wait(struct live *lv) {
+  lv->waiters++;
+  pthread_cond_wait(&lv->cond, &lv->lock);
+  lv->waiters--;
+}
+
+static void lv_wake(struct live *lv) {
+  if (lv->waiters)
+    pthread_cond_broadcast(&lv->cond);
+}
+
+static uint64_t glen(const struct live *lv, uint64_t g) {
+  uint64_t s = g << lv->gshift, e = s + lv->gran;
+  return (e > lv->inner->size ? lv->inner->size : e) - s;
+}
+
+static void ckpt_free(struct ckpt *c) {
+  free(c->name);
+  free(c->prev);
+  free(c->bm);
+  free(c);
+}
+
+static void lv_free(struct live *lv) {
+  while (lv->ckpts) {
+    struct ckpt *c = lv->ckpts;
+    lv->ckpts = c->next;
+    ckpt_free(c);
+  }
+  bd_close(lv->helper);
+  bd_close(lv->inner);
+  pthread_cond_destroy(&lv->cond);
+  pthread_mutex_destroy(&lv->lock);
+  free(lv->fleece_dir);
+  free(lv);
+}
+
+/* Under the lock; returns whether LV is to be freed (by the caller, after
+ * unlocking). */
+static bool lv_unref(struct live *lv) {
+  return --lv->refs == 0;
+}
+
+/* ---- views: fleece and breaking (under the lock) ---- */
+
+static void fd_put(struct cview *v) {
+  if (--v->fd_users == 0 && (v->broken || v->closed) && v->fd >= 0) {
+    close(v->fd);
+    v->fd = -1;
+  }
+}
+
+/* Frees what the view holds of the fleece (the file closed when nobody
+ * uses it), once it broke or closed. */
+static void drop_fleece(struct cview *v) {
+  v->lv->used -= v->fleece;
+  v->fleece = 0;
+  fmap_free(&v->map);
+  if (v->fd >= 0) {
+    if (ftruncate(v->fd, 0) < 0) { /* closing frees it anyway */
+    }
+    if (v->fd_users == 0) {
+      close(v->fd);
+      v->fd = -1;
+    }
+  }
+}
+
+static void view_break(struct cview *v, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void view_break(struct cview *v, const char *fmt, ...) {
+  if (v->broken || v->closed)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->reason, sizeof v->reason, fmt, ap);
+  va_end(ap);
+  v->broken = true;
+  atomic_fetch_sub(&v->lv->nviews, 1);
+  drop_fleece(v);
+  log_warn("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+  lv_wake(v->lv);
+}
+
+/* A view's last reference: returns whether LV is to be freed too. */
+static bool view_unref(struct cview *v) {
+  if (--v->refs > 0)
+    return false;
+  struct live *lv = v->lv;
+  fmap_free(&v->map);
+  if (v->fd >= 0)
+    close(v->fd);
+  free(v);
+  return lv_unref(lv);
+}
+
+/* ---- copy-before-write ---- */
+
+/* Whether a write of granules [G0, G1) must copy first: some open
+ * unbroken view lacks one of them, or another writer is copying it. */
+static bool needs_copy(struct live *lv, uint64_t g0, uint64_t g1) {
+  for (struct cview *v = lv->views; v; v = v->next) {
+    if (v->broken)
+      continue;
+    for (uint64_t g = g0; g < g1; g++) {
+      const uint64_t *e = fmap_get(&v->map, g);
+      if (!e || (*e & BUSY))
+        return true;
+    }
+  }
+  return false;
+}
+
+struct slot {
+  struct cview *v;
+  uint64_t off; /* fleece offset */
+  int err;
+};
+
+/* Copies granule G aside for every open view that still needs it, and
+ * returns once INNER may be written there.  Called with the lock held. */
+static void copy_granule(struct live *lv, uint64_t g, void **buf,
+                         struct slot **slots, size_t *nslots) {
+  uint64_t len = glen(lv, g);
+  size_t n;
+again:
+  n = 0;
+  for (struct cview *v = lv->views; v; v = v->next) {
+    if (v->broken)
+      continue;
+    const uint64_t *e = fmap_get(&v->map, g);
+    if (e && (*e & BUSY)) { /* another writer copies it: wait */
+      lv_wait(lv);
+      goto again;
+    }
+    n += !e;
+  }
+  if (n == 0)
+    return;
+  if (n > *nslots) {
+    struct slot *s = realloc(*slots, n * sizeof *s);
+    if (!s) {
+      for (struct cview *v = lv->views; v; v = v->next)
+        if (!fmap_get(&v->map, g))
+          view_break(v, "out of memory");
+      return;
+    }
+    *slots = s;
+    *nslots = n;
+  }
+  size_t k = 0;
+  for (struct cview *v = lv->views; v && k < n; v = v->next) {
+    if (v->broken || fmap_get(&v->map, g))
+      continue;
+    if (lv->limit && lv->used + len > lv->limit) {
+      view_break(v, "fleece limit of %llu bytes reached",
+                 (unsigned long long)lv->limit);
+      continue;
+    }
+    if (fmap_put(&v->map, g, v->fleece_end | COPYING) < 0) {
+      view_break(v, "out of memory");
+      continue;
+    }
+    (*slots)[k++] = (struct slot){v, v->fleece_end, 0};
+    v->fleece_end += len;
+    v->fleece += len;
+    lv->used += len;
+    v->refs++;
+    v->fd_users++;
+  }
+  if (k == 0)
+    return;
+  pthread_mutex_unlock(&lv->lock);
+
+  /* Copy: INNER read once, written to every view's fleece. */
+  uint64_t chunk = len < COPY_CHUNK ? len : COPY_CHUNK;
+  int rerr = 0;
+  if (!*buf && !(*buf = malloc(COPY_CHUNK)))
+    rerr = -ENOMEM;
+  char why[128] = "";
+  for (uint64_t at = 0; at < len && !rerr; at += chunk) {
+    uint64_t m = len - at < chunk ? len - at : chunk;
+    rerr = bd_pread(lv->inner, *buf, m, (g << lv->gshift) + at);
+    if (rerr < 0) {
+      snprintf(why, sizeof why, "%s", bd_errmsg());
+      break;
+    }
+    for (size_t i = 0; i < k; i++)
+      if (!(*slots)[i].err)
+        (*slots)[i].err = io_pwrite_all((*slots)[i].v->fd, *buf, (size_t)m,
+                                        (*slots)[i].off + at);
+  }
+
+  pthread_mutex_lock(&lv->lock);
+  for (size_t i = 0; i < k; i++) {
+    struct cview *v = (*slots)[i].v;
+    int err = rerr ? rerr : (*slots)[i].err;
+    fd_put(v);
+    if (v->broken || v->closed)
+      continue;
+    if (rerr)
+      view_break(v, "reading the image to copy it failed: %s",
+                 why[0] ? why : strerror(-rerr));
+    else if (err)
+      view_break(v, "writing the fleece file failed: %s", strerror(-err));
+    else
+      *fmap_get(&v->map, g) = (*slots)[i].off | DRAINING;
+  }
+  lv_wake(lv);
+  /* Readers that registered before the mark may be reading INNER here. */
+  uint64_t mark = lv->rseq;
+  for (;;) {
+    bool busy = false;
+    for (size_t i = 0; i < k && !busy; i++) {
+      struct cview *v = (*slots)[i].v;
+      if (v->broken || v->closed)
+        continue;
+      for (struct reader *r = v->readers; r && !busy; r = r->next)
+        busy = r->seq < mark && r->g0 <= g && g < r->g1;
+    }
+    if (!busy)
+      break;
+    lv_wait(lv);
+  }
+  /* Never the last reference to LV: the live device is open while a
+   * write is in flight. */
+  for (size_t i = 0; i < k; i++) {
+    struct cview *v = (*slots)[i].v;
+    if (!v->broken && !v->closed)
+      *fmap_get(&v->map, g) = (*slots)[i].off;
+  }
+  lv_wake(lv);
+  for (size_t i = 0; i < k; i++)
+    (void)view_unref((*slots)[i].v);
+}
+
+/* Runs on a pool worker: the copies of one write (the helper device's
+ * pwrite, BUF being the request). */
+static int job_run(struct bd *helper, const void *buf, uint64_t len,
+                   uint64_t off, uint32_t flags) {
+  (void)helper, (void)len, (void)off, (void)flags;
+  struct lreq *q = (struct lreq *)buf;
+  struct live *lv = q->lv;
+  const struct bd_req *p = q->parent;
+  uint64_t g0 = p->offset >> lv->gshift;
+  uint64_t g1 = ((p->offset + p->length - 1) >> lv->gshift) + 1;
+  void *cbuf = NULL;
+  struct slot *slots = NULL;
+  size_t nslots = 0;
+  pthread_mutex_lock(&lv->lock);
+  for (uint64_t g = g0; g < g1; g++)
+    copy_granule(lv, g, &cbuf, &slots, &nslots);
+  pthread_mutex_unlock(&lv->lock);
+  free(cbuf);
+  free(slots);
+  return 0;
+}
+
+static const struct bd_ops job_ops = {.name = "checkpoint-copy",
+                                      .pwrite = job_run};
+
+/* ---- the live device ---- */
+
+static bool is_write_cmd(enum bd_cmd c) {
+  return c == BD_WRITE || c == BD_ZERO || c == BD_TRIM;
+}
+
+static void write_release(struct live *lv) {
+  if (atomic_fetch_sub(&lv->inflight, 1) == 1 && atomic_load(&lv->paused)) {
+    pthread_mutex_lock(&lv->lock);
+    lv_wake(lv);
+    pthread_mutex_unlock(&lv->lock);
+  }
+}
+
+static void fwd_done(struct bd_req *child, int err) {
+  struct lreq *q = (struct lreq *)child;
+  struct bd_req *parent = q->parent;
+  struct live *lv = q->lv;
+  bool w = q->write;
+  free(q);
+  /* Released first: the parent's done() may close the device. */
+  if (w)
+    write_release(lv);
+  bd_complete(parent, err);
+}
+
+static void forward(struct lreq *q) {
+  struct bd_req *p = q->parent;
+  q->child = (struct bd_req){.cmd = p->cmd,
+                             .flags = p->flags,
+                             .offset = p->offset,
+                             .length = p->length,
+                             .buf = p->buf,
+                             .extents = p->extents,
+                             .context = p->context,
+                             .done = fwd_done,
+                             .conn = p->conn ? p->conn->priv : NULL};
+  bd_submit(q->lv->inner, &q->child);
+}
+
+static void job_done(struct bd_req *req, int err) {
+  (void)err; /* the copies report by breaking views */
+  forward((struct lreq *)req);
+}
+
+/* A write admitted (counted in flight, no pause): mark it, copy what views
+ * need, forward it. */
+static void write_start(struct live *lv, struct lreq *q) {
+  const struct bd_req *p = q->parent;
+  if (p->length == 0) {
+    forward(q);
+    return;
+  }
+  uint64_t g0 = p->offset >> lv->gshift;
+  uint64_t g1 = ((p->offset + p->length - 1) >> lv->gshift) + 1;
+  struct cbm *bm = atomic_load(&lv->rec);
+  if (bm)
+    cbm_set(bm, g0, g1);
+  if (atomic_load(&lv->nviews) == 0) {
+    forward(q);
+    return;
+  }
+  pthread_mutex_lock(&lv->lock);
+  bool copy = needs_copy(lv, g0, g1);
+  pthread_mutex_unlock(&lv->lock);
+  if (!copy) {
+    forward(q);
+    return;
+  }
+  q->child = (struct bd_req){.cmd = BD_WRITE,
+                             .length = 1,
+                             .buf = q,
+                             .done = job_done,
+                             .bd = lv->helper};
+  bd_pool_queue(&q->child);
+}
+
+/* Counts the write in flight, or queues it while a checkpoint is taken. */
+static void write_admit(struct live *lv, struct lreq *q) {
+  for (;;) {
+    atomic_fetch_add(&lv->inflight, 1);
+    if (!atomic_load(&lv->paused))
+      break;
+    write_release(lv);
+    pthread_mutex_lock(&lv->lock);
+    if (atomic_load(&lv->paused)) {
+      q->qnext = NULL;
+      *lv->qtail = q;
+      lv->qtail = &q->qnext;
+      pthread_mutex_unlock(&lv->lock);
+      return;
+    }
+    pthread_mutex_unlock(&lv->lock);
+  }
+  write_start(lv, q);
+}
+
+static void live_submit(struct bd *bd, struct bd_req *req) {
+  struct live *lv = bd->priv;
+  struct lreq *q = malloc(sizeof *q);
+  if (!q) {
+    bd_complete(req, -ENOMEM);
+    return;
+  }
+  q->parent = req;
+  q->lv = lv;
+  q->write = is_write_cmd(req->cmd);
+  if (q->write)
+    write_admit(lv, q);
+  else
+    forward(q);
+}
+
+/* Only the core's final flush of bd_close() comes here (the device is
+ * BD_EXEC_ASYNC). */
+static int live_flush(struct bd *bd) {
+  struct live *lv = bd->priv;
+  return bd_flush(lv->inner);
+}
+
+static void live_close(struct bd *bd) {
+  struct live *lv = bd->priv;
+  pthread_mutex_lock(&lv->lock);
+  bool last = lv_unref(lv);
+  pthread_mutex_unlock(&lv->lock);
+  if (last)
+    lv_free(lv);
+}
+
+static void *live_conn_open(struct bd *bd, const struct bd_conn_params *p) {
+  struct live *lv = bd->priv;
+  return bd_conn_open_peer(lv->inner, p->export_name, p->readonly, p->peer_fd);
+}
+
+static void live_conn_close(struct bd *bd, void *priv) {
+  struct live *lv = bd->priv;
+  bd_conn_close(lv->inner, priv);
+}
+
+static int live_list_exports(struct bd *bd, bool readonly,
+                             struct bd_export_list *l) {
+  struct live *lv = bd->priv;
+  return bd_list_exports(lv->inner, readonly, l);
+}
+
+static void live_hold_locks(struct bd *bd, bool hold) {
+  struct live *lv = bd->priv;
+  bd_hold_locks(lv->inner, hold);
+}
+
+#define LIVE_OPS                                                               \
+  .name = "checkpoint-live", .submit = live_submit, .flush = live_flush,       \
+  .close = live_close, .list_exports = live_list_exports,                      \
+  .hold_locks = live_hold_locks
+
+static const struct bd_ops live_ops = {LIVE_OPS};
+/* For an INNER with connections: the live device's open INNER's. */
+static const struct bd_ops live_conn_ops = {
+    LIVE_OPS, .conn_open = live_conn_open, .conn_close = live_conn_close};
+
+bool ckpt_is_live(const struct bd *bd) {
+  return bd && (bd->ops == &live_ops || bd->ops == &live_conn_ops);
+}
+
+uint32_t ckpt_granularity(const struct bd *live) {
+  return ckpt_is_live(live) ? ((struct live *)live->priv)->gran : 0;
+}
+
+struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o) {
+  struct ckpt_opts opts = {0};
+  if (o)
+    opts = *o;
+  uint64_t gran =
+      opts.granularity ? opts.granularity : CKPT_DEFAULT_GRANULARITY;
+  if (gran < 512 || gran > (1ull << 31) || (gran & (gran - 1))) {
+    bd_set_error("%s: checkpoint granularity %llu is not a power of two "
+                 "from 512 bytes to 2 GiB",
+                 inner->description, (unsigned long long)gran);
+    return NULL;
+  }
+  uint32_t mb = inner->caps.min_block;
+  if (mb > gran) {
+    if (mb & (mb - 1)) {
+      bd_set_error("%s: minimum block %u is not a power of two",
+                   inner->description, mb);
+      return NULL;
+    }
+    gran = mb;
+  }
+  struct live *lv = calloc(1, sizeof *lv);
+  struct bd *bd = bd_new(inner->ops->conn_open ? &live_conn_ops : &live_ops,
+                         inner->format, inner->description);
+  struct bd *helper = bd_new(&job_ops, "checkpoint-copy", inner->description);
+  char *dir =
+      strdup(opts.fleece_dir ? opts.fleece_dir : CKPT_DEFAULT_FLEECE_DIR);
+  int r = lv && bd && helper && dir ? 0 : -ENOMEM;
+  for (size_t i = 0; r == 0 && i < inner->ncontexts; i++)
+    r = bd_add_context(bd, inner->contexts[i]);
+  if (r < 0) {
+    bd_set_error("%s: out of memory", inner->description);
+    free(lv);
+    bd_close(bd);
+    bd_close(helper);
+    free(dir);
+    return NULL;
+  }
+  pthread_mutex_init(&lv->lock, NULL);
+  pthread_cond_init(&lv->cond, NULL);
+  lv->inner = inner;
+  lv->helper = helper;
+  lv->refs = 1;
+  lv->gran = (uint32_t)gran;
+  lv->gshift = (unsigned)__builtin_ctzll(gran);
+  lv->ngran = (inner->size + gran - 1) / gran;
+  lv->fleece_dir = dir;
+  lv->limit = opts.fleece_limit;
+  lv->qtail = &lv->queued;
+  helper->size = 1;
+  helper->exec = BD_EXEC_POOL;
+  bd->priv = lv;
+  bd->size = inner->size;
+  bd->caps = inner->caps; /* aligned_only too: INNER's aligner does it */
+  bd->conc = BD_CONC_PARALLEL;
+  bd->exec = BD_EXEC_ASYNC;
+  return bd;
+}
+
+/* ---- views ---- */
+
+static int view_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  struct cview *v = bd->priv;
+  struct live *lv = v->lv;
+  uint64_t g0 = off >> lv->gshift;
+  uint64_t g1 = ((off + len - 1) >> lv->gshift) + 1;
+  uint64_t *where = malloc((size_t)(g1 - g0) * sizeof *where);
+  if (!where)
+    return -ENOMEM;
+  pthread_mutex_lock(&lv->lock);
+  if (v->broken) {
+    bd_set_error("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+    pthread_mutex_unlock(&lv->lock);
+    free(where);
+    return -EIO;
+  }
+  struct reader me = {g0, g1, lv->rseq++, NULL, v->readers};
+  if (v->readers)
+    v->readers->prev = &me;
+  v->readers = &me;
+  bool fleece = false;
+  for (uint64_t g = g0; g < g1; g++) {
+    const uint64_t *e = fmap_get(&v->map, g);
+    where[g - g0] = e && !(*e & COPYING) ? *e & ~DRAINING : NONE;
+    fleece |= where[g - g0] != NONE;
+  }
+  if (fleece)
+    v->fd_users++;
+  int fd = v->fd;
+  pthread_mutex_unlock(&lv->lock);
+
+  int r = 0;
+  uint64_t pos = off, end = off + len;
+  while (pos < end && r == 0) {
+    uint64_t g = pos >> lv->gshift;
+    uint64_t gend = (g + 1) << lv->gshift;
+    if (where[g - g0] != NONE) {
+      uint64_t n = (gend < end ? gend : end) - pos;
+      r = io_pread_zero(fd, (char *)buf + (pos - off), (size_t)n,
+                        where[g - g0] + (pos - (g << lv->gshift)));
+      if (r < 0)
+        bd_set_error("checkpoint '%s': reading the fleece file: %s",
+                     v->ck->name, strerror(-r));
+      pos += n;
+      continue;
+    }
+    /* A run of granules INNER still holds. */
+    uint64_t h = g + 1;
+    while (h < g1 && where[h - g0] == NONE)
+      h++;
+    uint64_t stop = h << lv->gshift;
+    if (stop > end)
+      stop = end;
+    r = bd_pread(lv->inner, (char *)buf + (pos - off), stop - pos, pos);
+    pos = stop;
+  }
+  free(where);
+
+  pthread_mutex_lock(&lv->lock);
+  if (me.prev)
+    me.prev->next = me.next;
+  else
+    v->readers = me.next;
+  if (me.next)
+    me.next->prev = me.prev;
+  if (fleece)
+    fd_put(v);
+  if (v->broken) {
+    bd_set_error("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+    r = -EIO;
+  }
+  lv_wake(lv);
+  pthread_mutex_unlock(&lv->lock);
+  return r;
+}
+
+/* base:allocation: INNER's answer (asked first), with the granules copied
+ * by then as data: a granule INNER changed after the question was copied
+ * before it changed. */
+static int view_extents(struct bd *bd, uint64_t len, uint64_t off,
+                        uint32_t flags, struct bd_extents *ext) {
+  struct cview *v = bd->priv;
+  struct live *lv = v->lv;
+  struct bd_extents in;
+  bd_extents_init(&in, off, ext->max);
+  struct bd_req req = {.cmd = BD_BLOCK_STATUS,
+                       .flags = flags & BD_F_REQ_ONE,
+                       .offset = off,
+                       .length = len,
+                       .extents = &in};
+  int r = bd_run(lv->inner, &req);
+  uint64_t *cp = NULL;
+  size_t ncp = 0;
+  if (r == 0 && in.end > off) {
+    pthread_mutex_lock(&lv->lock);
+    if (v->broken) {
+      bd_set_error("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+      r = -EIO;
+    } else {
+      r = fmap_copied_in(&v->map, off >> lv->gshift,
+                         ((in.end - 1) >> lv->gshift) + 1, &cp, &ncp);
+    }
+    pthread_mutex_unlock(&lv->lock);
+  }
+  uint64_t pos = off;
+  size_t ci = 0;
+  for (size_t i = 0; r == 0 && i < in.n; i++) {
+    uint64_t eend = pos + in.v[i].length;
+    while (pos < eend) {
+      while (ci < ncp && (cp[ci] + 1) << lv->gshift <= pos)
+        ci++;
+      uint64_t cs = ci < ncp ? cp[ci] << lv->gshift : UINT64_MAX;
+      int a;
+      if (cs > pos) {
+        uint64_t stop = cs < eend ? cs : eend;
+        a = bd_extents_add(ext, stop - pos, in.v[i].flags, in.v[i].depth);
+        pos = stop;
+      } else {
+        uint64_t ce = (cp[ci] + 1) << lv->gshift;
+        ce = ce < eend ? ce : eend;
+        a = bd_extents_add(ext, ce - pos, 0, 1);
+        pos = ce;
+      }
+      if (a != 0 || (flags & BD_F_REQ_ONE)) {
+        r = a < 0 ? a : 0;
+        goto out;
+      }
+    }
+  }
+out:
+  free(cp);
+  bd_extents_free(&in);
+  return r;
+}
+
+/* qemu:dirty-bitmap:PREV, from the frozen bitmap. */
+static int view_context_extents(struct bd *bd, size_t ctx, uint64_t len,
+                                uint64_t off, uint32_t flags,
+                                struct bd_extents *ext) {
+  struct cview *v = bd->priv;
+  struct live *lv = v->lv;
+  if (ctx != 0 || !v->prev || !v->prev->bm)
+    return -EINVAL;
+  const struct cbm *b = v->prev->bm;
+  uint64_t end = off + len, gend = ((end - 1) >> lv->gshift) + 1;
+  if (gend > b->nbits)
+    gend = b->nbits;
+  uint64_t g = off >> lv->gshift;
+  bool set = g < gend && cbm_bit(b, g);
+  for (; off < end && g < gend; set = !set) {
+    uint64_t next = cbm_run_end(b, g, gend, set);
+    uint64_t stop = next << lv->gshift;
+    if (stop > end || next == gend)
+      stop = end;
+    int r = bd_extents_add(ext, stop - off, set ? BD_CTX_DIRTY : 0, 0);
+    if (r != 0 || (flags & BD_F_REQ_ONE))
+      return r < 0 ? r : 0;
+    off = stop;
+    g = next;
+  }
+  return 0;
+}
+
+/* Under the lock: forget checkpoint C when nothing needs it any more. */
+static void ckpt_gc(struct live *lv, struct ckpt *c) {
+  if (c->view || c->bm)
+    return;
+  for (struct ckpt **p = &lv->ckpts; *p; p = &(*p)->next)
+    if (*p == c) {
+      *p = c->next;
+      ckpt_free(c);
+      return;
+    }
+}
+
+static void view_close(struct bd *bd) {
+  struct cview *v = bd->priv;
+  if (!v) /* a take that failed */
+    return;
+  struct live *lv = v->lv;
+  pthread_mutex_lock(&lv->lock);
+  for (struct cview **p = &lv->views; *p; p = &(*p)->next)
+    if (*p == v) {
+      *p = v->next;
+      break;
+    }
+  if (!v->broken)
+    atomic_fetch_sub(&lv->nviews, 1);
+  v->closed = true;
+  drop_fleece(v);
+  v->ck->view = NULL;
+  if (v->prev) { /* its bitmap was for this view only */
+    free(v->prev->bm);
+    v->prev->bm = NULL;
+    ckpt_gc(lv, v->prev);
+  }
+  ckpt_gc(lv, v->ck);
+  lv_wake(lv);
+  bool last = view_unref(v);
+  pthread_mutex_unlock(&lv->lock);
+  if (last)
+    lv_free(lv);
+}
+
+static const struct bd_ops view_ops = {.name = "checkpoint-view",
+                                       .pread = view_pread,
+                                       .extents = view_extents,
+                                       .context_extents = view_context_extents,
+                                       .close = view_close};
+
+/* The fleece file: unlinked from the start, so nothing outlives us. */
+static int fleece_open(const char *dir) {
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0)
+    return fd;
+  if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+    return -errno;
+  size_t n = strlen(dir) + 32;
+  char *path = malloc(n);
+  if (!path)
+    return -ENOMEM;
+  snprintf(path, n, "%s/blockport-fleece-XXXXXX", dir);
+  fd = mkostemp(path, O_CLOEXEC);
+  int err = errno;
+  if (fd >= 0)
+    unlink(path);
+  free(path);
+  return fd >= 0 ? fd : -err;
+}
+
+static int check_name(const char *name) {
+  size_t n = strlen(name);
+  if (n == 0) {
+    bd_set_error("a checkpoint name cannot be empty");
+    return -EINVAL;
+  }
+  if (n > CKPT_NAME_MAX) {
+    bd_set_error("checkpoint name of %zu bytes is longer than %d", n,
+                 CKPT_NAME_MAX);
+    return -EINVAL;
+  }
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c < 0x20 || c == 0x7f || c == '@') {
+      bd_set_error("checkpoint name '%s' holds %s", name,
+                   c == '@' ? "'@'" : "a control character");
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+static struct ckpt *ckpt_find(struct live *lv, const char *name) {
+  for (struct ckpt *c = lv->ckpts; c; c = c->next)
+    if (!strcmp(c->name, name))
+      return c;
+  return NULL;
+}
+
+static struct ckpt *ckpt_last(struct live *lv) {
+  struct ckpt *c = lv->ckpts;
+  while (c && c->next)
+    c = c->next;
+  return c;
+}
+
+int ckpt_take(struct bd *live, const char *name, struct bd **view) {
+  *view = NULL;
+  if (!ckpt_is_live(live)) {
+    bd_set_error("checkpoints are taken on a live device (ckpt_live_open)");
+    return -EINVAL;
+  }
+  struct live *lv = live->priv;
+  int r = check_name(name);
+  if (r < 0)
+    return r;
+  if (live->caps.readonly) {
+    bd_set_error("%s: the device is read-only: no checkpoint",
+                 live->description);
+    return -EROFS;
+  }
+  pthread_mutex_lock(&lv->lock);
+  while (lv->taking)
+    lv_wait(lv);
+  if (ckpt_find(lv, name)) {
+    pthread_mutex_unlock(&lv->lock);
+    bd_set_error("checkpoint '%s' exists", name);
+    return -EEXIST;
+  }
+  lv->taking = true;
+  struct ckpt *prev = ckpt_last(lv);
+  char *prev_name = prev ? strdup(prev->name) : NULL;
+  pthread_mutex_unlock(&lv->lock);
+
+  /* Everything that can fail, before writes pause. */
+  struct ckpt *c = calloc(1, sizeof *c);
+  struct cview *v = calloc(1, sizeof *v);
+  struct cbm *bm = cbm_new(lv->ngran);
+  size_t dn = strlen(live->description) + strlen(name) + 32;
+  char *desc = malloc(dn);
+  struct bd *vbd = NULL;
+  int fd = -1;
+  r = c && v && bm && desc && (!prev || prev_name) ? 0 : -ENOMEM;
+  if (r == 0 && !(c->name = strdup(name)))
+    r = -ENOMEM;
+  if (r == 0) {
+    snprintf(desc, dn, "%s@%s", live->description, name);
+    if (!(vbd = bd_new(&view_ops, "checkpoint", desc)))
+      r = -ENOMEM;
+  }
+  if (r == 0 && prev) {
+    size_t pn = strlen(BD_CTX_BITMAP_PREFIX) + strlen(prev->name) + 1;
+    char *ctx = malloc(pn);
+    if (ctx) {
+      snprintf(ctx, pn, "%s%s", BD_CTX_BITMAP_PREFIX, prev->name);
+      r = bd_add_context(vbd, ctx);
+      free(ctx);
+    } else {
+      r = -ENOMEM;
+    }
+  }
+  if (r < 0)
+    bd_set_error("checkpoint '%s': out of memory", name);
+  if (r == 0 && (fd = fleece_open(lv->fleece_dir)) < 0) {
+    r = fd;
+    bd_set_error("checkpoint '%s': cannot make a fleece file in %s: %s", name,
+                 lv->fleece_dir, strerror(-r));
+  }
+  free(desc);
+  if (r < 0) {
+    if (fd >= 0)
+      close(fd);
+    bd_close(vbd);
+    free(bm);
+    free(v);
+    if (c)
+      free(c->name);
+    free(c);
+    free(prev_name);
+    pthread_mutex_lock(&lv->lock);
+    lv->taking = false;
+    lv_wake(lv);
+    pthread_mutex_unlock(&lv->lock);
+    return r;
+  }
+  c->prev = prev_name;
+  c->bm = bm;
+  c->view = v;
+  v->lv = lv;
+  v->ck = c;
+  v->prev = prev;
+  v->refs = 1;
+  v->fd = fd;
+  vbd->priv = v;
+  vbd->size = live->size;
+  struct bd_caps ic = lv->inner->caps;
+  vbd->caps = (struct bd_caps){.readonly = true,
+                               .can_extents = true,
+                               .multi_conn = true,
+                               .transient_eio = ic.transient_eio,
+                               .aligned_only = ic.aligned_only,
+                               .contexts_nowait = true,
+                               .min_block = ic.min_block,
+                               .pref_block = ic.pref_block,
+                               .max_block = ic.max_block};
+  vbd->exec = BD_EXEC_POOL;
+  vbd->conc = BD_CONC_PARALLEL;
+
+  /* The instant: no write in flight, new ones queued. */
+  atomic_store(&lv->paused, true);
+  pthread_mutex_lock(&lv->lock);
+  while (atomic_load(&lv->inflight) > 0)
+    lv_wait(lv);
+  struct ckpt **tail = &lv->ckpts;
+  while (*tail)
+    tail = &(*tail)->next;
+  *tail = c;
+  atomic_store(&lv->rec, bm); /* the previous one is frozen */
+  v->next = lv->views;
+  lv->views = v;
+  lv->refs++;
+  atomic_fetch_add(&lv->nviews, 1);
+  struct lreq *q = lv->queued;
+  lv->queued = NULL;
+  lv->qtail = &lv->queued;
+  atomic_store(&lv->paused, false);
+  lv->taking = false;
+  lv_wake(lv);
+  pthread_mutex_unlock(&lv->lock);
+
+  while (q) { /* submitted during the pause: after the checkpoint */
+    struct lreq *next = q->qnext;
+    write_admit(lv, q);
+    q = next;
+  }
+  *view = vbd;
+  return 0;
+}
+
+/* ---- listing ---- */
+
+int ckpt_list(struct bd *live, struct ckpt_info **out, size_t *n,
+              uint64_t *fleece_used) {
+  *out = NULL;
+  *n = 0;
+  if (!ckpt_is_live(live)) {
+    bd_set_error("not a live device");
+    return -EINVAL;
+  }
+  struct live *lv = live->priv;
+  pthread_mutex_lock(&lv->lock);
+  size_t k = 0;
+  for (struct ckpt *c = lv->ckpts; c; c = c->next)
+    k++;
+  struct ckpt_info *v = calloc(k ? k : 1, sizeof *v);
+  int r = v ? 0 : -ENOMEM;
+  size_t i = 0;
+  struct cbm *rec = atomic_load(&lv->rec);
+  for (struct ckpt *c = lv->ckpts; c && r == 0; c = c->next, i++) {
+    struct ckpt_info *f = &v[i];
+    if (!(f->name = strdup(c->name)) ||
+        (c->prev && !(f->prev = strdup(c->prev))))
+      r = -ENOMEM;
+    f->view_open = c->view != NULL;
+    if (c->view) {
+      f->broken = c->view->broken;
+      f->fleece = c->view->fleece;
+      f->granules = c->view->map.n;
+      if (f->broken && !(f->reason = strdup(c->view->reason)))
+        r = -ENOMEM;
+    }
+    f->has_bitmap = c->bm != NULL;
+    f->recording = c->bm && c->bm == rec;
+    if (c->bm) {
+      uint64_t bits = cbm_count(c->bm);
+      f->dirty = bits * lv->gran;
+      if (bits && cbm_bit(c->bm, lv->ngran - 1))
+        f->dirty -= lv->gran - glen(lv, lv->ngran - 1);
+    }
+  }
+  if (fleece_used)
+    *fleece_used = lv->used;
+  pthread_mutex_unlock(&lv->lock);
+  if (r < 0) {
+    ckpt_info_free(v, k);
+    bd_set_error("out of memory");
+    return r;
+  }
+  if (k == 0) {
+    free(v);
+    v = NULL;
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+void ckpt_info_free(struct ckpt_info *v, size_t n) {
+  if (!v)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    free(v[i].name);
+    free(v[i].prev);
+    free(v[i].reason);
+  }
+  free(v);
+}

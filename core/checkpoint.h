@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/* Checkpoint views by copy-before-write: a source that wraps another.
+ *
+ * ckpt_live_open() wraps a writable device INNER in a "live" filter, a
+ * struct bd of its own that every user of the export talks to instead of
+ * INNER.  ckpt_take(live, NAME) then, atomically with respect to writes (a
+ * write acknowledged before it is in the checkpoint, one submitted after
+ * it returns is not):
+ *   - freezes the dirty bitmap recording since the previous checkpoint,
+ *   - starts a new one, named NAME, recording writes, zeroes and trims,
+ *   - returns a read-only view device showing the image as it was then.
+ * Before a write, zero or trim reaches a granule some open view still
+ * needs, its old content is copied aside into that view's fleece file (a
+ * temporary, unlinked file in ckpt_opts.fleece_dir): QEMU's
+ * copy-before-write filter with on-cbw-error=break-snapshot.  A view
+ * reads the fleece where it holds a granule and INNER elsewhere.
+ *
+ * The view offers block status base:allocation (context 0: copied
+ * granules are data, depth 1; elsewhere INNER's answer) and, from the
+ * second checkpoint on, the named context qemu:dirty-bitmap:PREV (PREV the
+ * previous checkpoint's name): BD_CTX_DIRTY exactly on the granules
+ * written (write, zero or trim, whether it succeeded or not) between
+ * checkpoint PREV and this one.
+ *
+ * When the fleece limit (over all views) would be passed, or a copy fails
+ * (the fleece write: ENOSPC...; or reading INNER), the view that needed
+ * it breaks: its fleece is freed, its reads and allocation block status
+ * fail with EIO, ckpt_list() tells why.  Writers never see an error of
+ * the copy.
+ *
+ * The live device:
+ *   - has INNER's size, caps (aligned_only and min_block included: it has
+ *     no aligner of its own, a request of any range is forwarded to
+ *     INNER's through bd_submit()) and named contexts, passed through;
+ *     INNER's cache mode applies (the live device's own stays writeback);
+ *   - is BD_EXEC_ASYNC: a request is forwarded in the submitting thread
+ *     (INNER's pollers and plugs keep working); with no view open a write
+ *     costs two atomic operations on a counter and setting bits in the
+ *     recording bitmap (no lock).  With views open, a write whose range
+ *     holds granules not yet copied for one of them runs its copies on the
+ *     worker pool first, then is forwarded; other writes take one mutex to
+ *     look that up.  Reads, flushes, cache, block status are forwarded.
+ *   - per-connection state of INNER (nbdkit plugins) is kept: a
+ *     connection of the live device opens one of INNER.
+ * Granules are the bitmap granularity, raised to INNER's minimum block
+ * when that is larger (so INNER's aligner never read-modify-writes a
+ * granule the write does not cover).
+ *
+ * Lifetimes: ownership of INNER passes to the live device on success.
+ * bd_close(live) flushes INNER; INNER itself is closed when the live
+ * device and every view are closed (views keep it alive by reference, and
+ * stay readable).  bd_close(view) drops the view and frees its fleece.
+ * A checkpoint's bitmap is kept while it records (the latest checkpoint)
+ * or while the next checkpoint's view, which offers it, is open; a
+ * checkpoint is forgotten (its name free again) once it has neither a view
+ * nor a bitmap.  No request may be in flight on a device being closed.
+ *
+ * Memory: a view costs O(granules copied for it) (a hash map), plus the
+ * bitmaps (1 bit per granule each).  Thread safety: every function may be
+ * called from any thread, but ckpt_take() waits for writes in flight, so
+ * never from a completion callback. */
+#ifndef BLOCKPORT_CHECKPOINT_H
+#define BLOCKPORT_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "blockdev.h"
+
+struct ckpt_opts {
+  const char *fleece_dir; /* where fleece files go; NULL: "/var/tmp" */
+  uint64_t fleece_limit;  /* total fleece bytes over all views; 0: none */
+  /* Bitmap and copy granule: a power of two from 512 B to 2 GiB (QEMU's
+   * bitmap limits); 0: 64 KiB. */
+  uint32_t granularity;
+};
+#define CKPT_DEFAULT_GRANULARITY (64u * 1024)
+#define CKPT_DEFAULT_FLEECE_DIR "/var/tmp"
+#define CKPT_NAME_MAX 1023
+
+/* Wraps INNER, a writable device (see above).  O NULL: the defaults.
+ * NULL with bd_errmsg() (INNER then stays the caller's). */
+struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o);
+/* Whether BD is a live device from ckpt_live_open(). */
+bool ckpt_is_live(const struct bd *bd);
+/* The granule the live device uses (see ckpt_opts.granularity). */
+uint32_t ckpt_granularity(const struct bd *live);
+
+/* Takes checkpoint NAME on LIVE: new writes wait (queued, no thread
+ * blocked but the caller) until writes in flight, and their copies, are
+ * done; the recording bitmap is frozen, bitmap NAME starts, and *VIEW
+ * gets a read-only view device of the image at this instant, for the
+ * caller to bd_close().  Returns 0; -EINVAL for a bad name (empty, longer
+ * than CKPT_NAME_MAX bytes, holding '@' or control characters), -EEXIST
+ * for a name in use, -EROFS when LIVE is read-only, other -errno (the
+ * fleece file cannot be made...); each with a message in bd_errmsg(). */
+int ckpt_take(struct bd *live, const char *name, struct bd **view);
+
+/* One checkpoint, as ckpt_list() reports it. */
+struct ckpt_info {
+  char *name;
+  char *prev;        /* the previous checkpoint's name; NULL for the first */
+  bool view_open;    /* its view device is open */
+  bool broken;       /* its view broke (then reason says why) */
+  char *reason;      /* NULL unless broken */
+  uint64_t fleece;   /* fleece bytes its view holds */
+  bool has_bitmap;   /* its bitmap (dirty since it) still exists */
+  bool recording;    /* ... and records (it is the latest checkpoint) */
+  uint64_t dirty;    /* bytes its bitmap marks (granules, the last clipped) */
+  uint64_t granules; /* copied for its view */
+};
+/* The checkpoints LIVE knows, oldest first, into *OUT (*N of them; free
+ * with ckpt_info_free()), and the fleece bytes held over all views into
+ * *FLEECE_USED (may be NULL).  Returns 0 or -ENOMEM. */
+int ckpt_list(struct bd *live, struct ckpt_info **out, size_t *n,
+              uint64_t *fleece_used);
+void ckpt_info_free(struct ckpt_info *v, size_t n);
+
+#endif
