@@ -388,6 +388,32 @@ struct slot {
   int err;
 };
 
+static bool all_zero(const void *buf, size_t n) {
+  const unsigned char *b = buf;
+  return n == 0 || (b[0] == 0 && memcmp(b, b + 1, n - 1) == 0);
+}
+
+/* Data to copy: LEN bytes of fleece for each view of SLOTS, within the
+ * limit; a view past it breaks (and its slot is skipped). */
+static void reserve(struct live *lv, struct slot *slots, size_t k,
+                    uint64_t len) {
+  pthread_mutex_lock(&lv->lock);
+  for (size_t i = 0; i < k; i++) {
+    struct cview *v = slots[i].v;
+    if (v->broken || v->closed) {
+      slots[i].err = -ECANCELED;
+    } else if (lv->limit && lv->used + len > lv->limit) {
+      view_break(v, "fleece limit of %llu bytes reached",
+                 (unsigned long long)lv->limit);
+      slots[i].err = -ECANCELED;
+    } else {
+      v->fleece += len;
+      lv->used += len;
+    }
+  }
+  pthread_mutex_unlock(&lv->lock);
+}
+
 /* Copies granule G aside for every open view that still needs it, and
  * returns once INNER may be written there.  Called with the lock held. */
 static void copy_granule(struct live *lv, uint64_t g, void **buf,
@@ -423,19 +449,12 @@ again:
   for (struct cview *v = lv->views; v && k < n; v = v->next) {
     if (v->broken || fmap_get(&v->map, g))
       continue;
-    if (lv->limit && lv->used + len > lv->limit) {
-      view_break(v, "fleece limit of %llu bytes reached",
-                 (unsigned long long)lv->limit);
-      continue;
-    }
     if (fmap_put(&v->map, g, v->fleece_end | COPYING) < 0) {
       view_break(v, "out of memory");
       continue;
     }
     (*slots)[k++] = (struct slot){v, v->fleece_end, 0};
-    v->fleece_end += len;
-    v->fleece += len;
-    lv->used += len;
+    v->fleece_end += len; /* a hole, until data comes */
     v->refs++;
     v->fd_users++;
   }
@@ -443,8 +462,11 @@ again:
     return;
   pthread_mutex_unlock(&lv->lock);
 
-  /* Copy: INNER read once, written to every view's fleece. */
+  /* Copy: INNER read once, written to every view's fleece.  Zeroes are
+   * not written: the fleece file reads as zeroes there, a hole that takes
+   * no space (a trim of an empty disk copies nothing). */
   uint64_t chunk = len < COPY_CHUNK ? len : COPY_CHUNK;
+  bool zero = true;
   int rerr = 0;
   if (!*buf && !(*buf = malloc(COPY_CHUNK)))
     rerr = -ENOMEM;
@@ -455,6 +477,12 @@ again:
     if (rerr < 0) {
       snprintf(why, sizeof why, "%s", bd_errmsg());
       break;
+    }
+    if (all_zero(*buf, (size_t)m))
+      continue;
+    if (zero) {
+      zero = false;
+      reserve(lv, *slots, k, len);
     }
     for (size_t i = 0; i < k; i++)
       if (!(*slots)[i].err)

@@ -267,7 +267,9 @@ Test(checkpoint, view_is_the_image_at_the_checkpoint) {
   cr_assert_eq(info[0].dirty, ndirty * G);
   cr_assert_eq(info[1].dirty, 0);
   cr_assert_gt(info[0].fleece, 0);
-  cr_assert_eq(info[0].fleece, info[0].granules * G);
+  /* Granules that were zeroes take no fleece. */
+  cr_assert_leq(info[0].fleece, info[0].granules * G);
+  cr_assert_eq(info[0].fleece % G, 0);
   cr_assert_eq(used, info[0].fleece + info[1].fleece);
   ckpt_info_free(info, n);
   /* The view of two is the image now. */
@@ -447,12 +449,43 @@ Test(checkpoint, fleece_limit_breaks_the_view) {
   bd_close(live);
 }
 
+Test(checkpoint, zeroes_take_no_fleece) {
+  /* Room for one granule: trimming and zeroing an empty disk, or writing
+   * where it reads as zeroes, copies nothing. */
+  struct bd *live = live_over(mem("memory:1M"), G, G);
+  uint8_t buf[G];
+  fill(buf, G, 9);
+  cr_assert_eq(bd_pwrite(live, buf, G, 10 * G, 0), 0);
+  struct bd *v = take(live, "c");
+  cr_assert_eq(run(live, BD_TRIM, 0, 0, live->size), 0);
+  cr_assert_eq(run(live, BD_ZERO, BD_F_MAY_TRIM, 0, 9 * G), 0);
+  for (unsigned g = 12; g < 40; g++)
+    cr_assert_eq(bd_pwrite(live, buf, G, g * G, 0), 0);
+  size_t n;
+  uint64_t used;
+  struct ckpt_info *info;
+  cr_assert_eq(ckpt_list(live, &info, &n, &used), 0);
+  cr_assert_not(info[0].broken, "%s", info[0].reason);
+  cr_assert_eq(used, G);
+  cr_assert_eq(info[0].fleece, G);
+  ckpt_info_free(info, n);
+  uint8_t *img = image(v);
+  for (uint64_t i = 0; i < live->size; i++)
+    cr_assert_eq(img[i], i / G == 10 ? buf[i % G] : 0, "byte %llu",
+                 (unsigned long long)i);
+  free(img);
+  bd_close(v);
+  bd_close(live);
+}
+
 Test(checkpoint, fleece_write_failure_breaks_the_view) {
   struct bd *live = live_over(mem("memory:1M"), G, 0);
+  uint8_t buf[G];
+  fill(buf, G, 4);
+  cr_assert_eq(bd_pwrite(live, buf, G, 0, 0), 0);
   struct bd *v = take(live, "c");
   /* The memory source does no file I/O: only the fleece fails. */
   cr_assert_eq(fault_configure("op=write,err=ENOSPC"), 0);
-  uint8_t buf[G];
   fill(buf, G, 5);
   cr_assert_eq(bd_pwrite(live, buf, G, 0, 0), 0);
   cr_assert_eq(bd_pread(v, buf, G, G), -EIO);
@@ -470,6 +503,10 @@ Test(checkpoint, fleece_write_failure_breaks_the_view) {
 
 Test(checkpoint, closing_a_view_frees_its_fleece) {
   struct bd *live = live_over(mem("memory:1M"), G, 0);
+  uint8_t *data = malloc(live->size);
+  fill(data, live->size, 3);
+  cr_assert_eq(bd_pwrite(live, data, live->size, 0, 0), 0);
+  free(data);
   struct bd *v = take(live, "c");
   for (int i = 0; i < 200; i++)
     random_op(live, NULL);
@@ -828,7 +865,8 @@ Test(checkpoint, list_reports_dirty_bytes_and_last_granule) {
   struct ckpt_info *info;
   cr_assert_eq(ckpt_list(live, &info, &n, NULL), 0);
   cr_assert_eq(info[0].dirty, 65536 + (1000 * 1024) % 65536);
-  cr_assert_eq(info[0].fleece, 65536 + (1000 * 1024) % 65536);
+  cr_assert_eq(info[0].granules, 2);
+  cr_assert_eq(info[0].fleece, 0); /* they were zeroes */
   ckpt_info_free(info, n);
   struct bd *v2 = take(live, "b");
   uint8_t *d = dirty_of(v2, 65536);
