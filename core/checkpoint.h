@@ -56,9 +56,11 @@
  * nor a bitmap.  No request may be in flight on a device being closed.
  *
  * Memory: a view costs O(granules copied for it) (a hash map), plus the
- * bitmaps (1 bit per granule each).  Thread safety: every function may be
- * called from any thread, but ckpt_take() waits for writes in flight, so
- * never from a completion callback. */
+ * bitmaps (1 bit per granule each).  Fleece: a granule copied takes its
+ * size in the view's file and counts against the limit, unless it read as
+ * zeroes (left a hole: a trim of an empty disk costs nothing).  Thread safety:
+ * every function may be called from any thread, but ckpt_take() waits for
+ * writes in flight, so never from a completion callback. */
 #ifndef BLOCKPORT_CHECKPOINT_H
 #define BLOCKPORT_CHECKPOINT_H
 
