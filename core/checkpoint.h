@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Checkpoint views by copy-before-write: a source that wraps another.
  *
- * ckpt_live_open() wraps a writable device INNER in a "live" filter, a
+ * ckpt_live_open() wraps a device INNER in a "live" filter, a
  * struct bd of its own that every user of the export talks to instead of
  * INNER.  ckpt_take(live, NAME) then, atomically with respect to writes (a
  * write acknowledged before it is in the checkpoint, one submitted after
@@ -47,20 +47,23 @@
  * granule the write does not cover).
  *
  * Lifetimes: ownership of INNER passes to the live device on success.
- * bd_close(live) flushes INNER; INNER itself is closed when the live
- * device and every view are closed (views keep it alive by reference, and
- * stay readable).  bd_close(view) drops the view and frees its fleece.
- * A checkpoint's bitmap is kept while it records (the latest checkpoint)
- * or while the next checkpoint's view, which offers it, is open; a
- * checkpoint is forgotten (its name free again) once it has neither a view
- * nor a bitmap.  No request may be in flight on a device being closed.
+ * bd_close(live) flushes INNER and returns that (an INNER with
+ * connections is flushed by its own close instead); INNER itself is closed when
+ * the live device and every view are closed (views keep it alive by reference,
+ * and stay readable).  bd_close(view) drops the view and frees its fleece. A
+ * checkpoint's bitmap is kept while it records (the latest checkpoint) or while
+ * the next checkpoint's view, which offers it, is open; a checkpoint is
+ * forgotten (its name free again) once it has neither a view nor a bitmap.  No
+ * request may be in flight on a device being closed.
  *
  * Memory: a view costs O(granules copied for it) (a hash map), plus the
  * bitmaps (1 bit per granule each).  Fleece: a granule copied takes its
  * size in the view's file and counts against the limit, unless it read as
  * zeroes (left a hole: a trim of an empty disk costs nothing).  Thread safety:
  * every function may be called from any thread, but ckpt_take() waits for
- * writes in flight, so never from a completion callback. */
+ * writes in flight, so never from a completion callback, nor from a thread
+ * that must turn for its own requests to complete (a bd_poller_begin()
+ * event loop, inside a plug): a control thread is the place. */
 #ifndef BLOCKPORT_CHECKPOINT_H
 #define BLOCKPORT_CHECKPOINT_H
 
@@ -81,8 +84,10 @@ struct ckpt_opts {
 #define CKPT_DEFAULT_FLEECE_DIR "/var/tmp"
 #define CKPT_NAME_MAX 1023
 
-/* Wraps INNER, a writable device (see above).  O NULL: the defaults.
- * NULL with bd_errmsg() (INNER then stays the caller's). */
+/* Wraps INNER (see above).  O NULL: the defaults.  A read-only INNER is
+ * wrapped too (passthrough only: ckpt_take() refuses it).  NULL with
+ * bd_errmsg() for a bad granularity or no memory (INNER then stays the
+ * caller's). */
 struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o);
 /* Whether BD is a live device from ckpt_live_open(). */
 bool ckpt_is_live(const struct bd *bd);
@@ -112,9 +117,10 @@ struct ckpt_info {
   uint64_t dirty;    /* bytes its bitmap marks (granules, the last clipped) */
   uint64_t granules; /* copied for its view */
 };
-/* The checkpoints LIVE knows, oldest first, into *OUT (*N of them; free
- * with ckpt_info_free()), and the fleece bytes held over all views into
- * *FLEECE_USED (may be NULL).  Returns 0 or -ENOMEM. */
+/* The checkpoints LIVE knows, oldest first, into *OUT (*N of them, NULL
+ * for none; free with ckpt_info_free()), and the fleece bytes held over
+ * all views into *FLEECE_USED (may be NULL).  Returns 0, -EINVAL when
+ * LIVE is no live device, or -ENOMEM. */
 int ckpt_list(struct bd *live, struct ckpt_info **out, size_t *n,
               uint64_t *fleece_used);
 void ckpt_info_free(struct ckpt_info *v, size_t n);
