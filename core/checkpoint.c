@@ -782,6 +782,10 @@ struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o) {
   bd->caps = inner->caps; /* aligned_only too: INNER's aligner does it */
   bd->conc = BD_CONC_PARALLEL;
   bd->exec = BD_EXEC_ASYNC;
+  /* As INNER was opened, for users that compare openings (a server's
+   * reload); applying the mode again on the way through changes nothing. */
+  bd->cache = inner->cache;
+  bd->aio = inner->aio;
   return bd;
 }
 
@@ -961,6 +965,8 @@ static void ckpt_gc(struct live *lv, struct ckpt *c) {
     }
 }
 
+static const struct bd_ops view_ops;
+
 static void view_close(struct bd *bd) {
   struct cview *v = bd->priv;
   if (!v) /* a take that failed */
@@ -988,6 +994,23 @@ static void view_close(struct bd *bd) {
   pthread_mutex_unlock(&lv->lock);
   if (last)
     lv_free(lv);
+}
+
+int ckpt_view_release(struct bd *bd) {
+  if (!bd || bd->ops != &view_ops || !bd->priv)
+    return -EINVAL;
+  struct cview *v = bd->priv;
+  struct live *lv = v->lv;
+  pthread_mutex_lock(&lv->lock);
+  if (!v->broken && !v->closed) {
+    snprintf(v->reason, sizeof v->reason, "released");
+    v->broken = true;
+    atomic_fetch_sub(&lv->nviews, 1);
+    drop_fleece(v);
+    lv_wake(lv);
+  }
+  pthread_mutex_unlock(&lv->lock);
+  return 0;
 }
 
 static const struct bd_ops view_ops = {.name = "checkpoint-view",

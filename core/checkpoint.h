@@ -104,6 +104,13 @@ uint32_t ckpt_granularity(const struct bd *live);
  * fleece file cannot be made...); each with a message in bd_errmsg(). */
 int ckpt_take(struct bd *live, const char *name, struct bd **view);
 
+/* Breaks VIEW (a view device from ckpt_take()) at once, as the fleece
+ * limit would, with the reason "released": writes stop copying for it,
+ * its fleece is freed, its reads fail with EIO.  For a user that cannot
+ * close it yet (clients still hold it); bd_close() it later.  Returns 0,
+ * or -EINVAL when VIEW is no view. */
+int ckpt_view_release(struct bd *view);
+
 /* One checkpoint, as ckpt_list() reports it. */
 struct ckpt_info {
   char *name;
