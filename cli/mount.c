@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/control.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
@@ -67,7 +68,7 @@ static const char mount_tail[] =
 
 #define MOUNT_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | CO_NBD |        \
-   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE)
+   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL)
 
 struct mount_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -289,6 +290,7 @@ static int mount_run(const struct mount_opts *o) {
   }
   int ret = 1;
   struct bd *bd = NULL;
+  struct ctl_server *ctl = NULL;
   if (bd_pool_start(o->co.workers) < 0) {
     log_error("cannot start the worker pool");
     goto out;
@@ -298,7 +300,16 @@ static int mount_run(const struct mount_opts *o) {
     log_error("%s", bd_errmsg());
     goto out;
   }
+  /* The control socket, before the mount says it is live.  mount's own
+   * verbs (a struct ctl_verb array, handlers getting the struct bd *) go
+   * in place of NULL, 0. */
+  if (o->co.control && !(ctl = ctl_start(o->co.control, NULL, 0, bd))) {
+    log_error("%s", bd_errmsg());
+    goto out;
+  }
   ret = run_mount(&s, bd);
+  ctl_stop(ctl);
+  ctl = NULL;
   if (ret == -2) {
     /* Requests still out: closing the device would pull it from under
      * them.  The mount is gone; leave now. */

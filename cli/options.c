@@ -26,6 +26,7 @@ enum {
   ID_RBD_LOCK,
   ID_CACHE,
   ID_AIO,
+  ID_CONTROL,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -104,6 +105,10 @@ static const struct shared_opt table[] = {
      "write the pid once ready (connections accepted,\n"
      "the mount live, the socket listening); removed\n"
      "at exit"},
+    {CO_CONTROL, ID_CONTROL, "control", "PATH", 0, 0,
+     "take commands on the Unix socket PATH (mode\n"
+     "0600; blockport ctl PATH help), made before\n"
+     "ready and removed at exit (docs/CONTROL.md)"},
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
@@ -254,6 +259,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_RBD_TIMEOUT: return number(c, t, arg, &c->open.rbd_timeout);
   case ID_RBD_LOCK: return rbd_lock(c, t, arg);
   case 'P': c->pid_file = arg; return 1;
+  case ID_CONTROL: c->control = arg; return 1;
   default: return logging(c, t, arg);
   }
 }

@@ -30,6 +30,7 @@ enum {
   CO_RBD = 1u << 8,      /* --rbd-timeout SECONDS, --rbd-lock MODE */
   CO_CACHE = 1u << 9,    /* --cache MODE (enum bd_cache) */
   CO_AIO = 1u << 10,     /* --aio MODE (enum bd_aio) */
+  CO_CONTROL = 1u << 11, /* --control PATH (core/control.h) */
 };
 
 #define CLI_MAX_DEBUG_FLAGS 64
@@ -44,6 +45,7 @@ struct cli_common {
   unsigned workers; /* the command's default until -w */
   const char *plugin;
   const char *pid_file;
+  const char *control; /* --control: the control socket, or NULL */
   const char *debug[CLI_MAX_DEBUG_FLAGS]; /* -D, pointed to by open */
 };
 

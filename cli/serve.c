@@ -109,7 +109,7 @@ static const char serve_tail[] =
 
 #define SERVE_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE)
+   CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL)
 
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -340,8 +340,9 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
     err = "--force-share needs --readonly (a writer cannot share the image)";
   else if (c->run.cmd && c->run.fork)
     err = "--run keeps the server in the foreground: no --fork with it";
-  else if (c->check_config && (c->run.cmd || c->run.fork))
-    err = "--check-config starts no server: no --run or --fork with it";
+  else if (c->check_config && (c->run.cmd || c->run.fork || c->co.control))
+    err = "--check-config starts no server: no --run, --fork or --control "
+          "with it";
   else if (nargs == 0 && !c->co.plugin && !o->config) {
     cli_usage_error("serve", "no image given");
     return -1;
@@ -459,6 +460,11 @@ int serve_main(int argc, char **argv) {
     goto out;
   c.so.open = &c.co.open;
   c.so.workers = c.co.workers;
+  /* The control socket.  serve's own verbs (a struct ctl_verb array,
+   * handlers getting the struct server *) go in control_verbs. */
+  c.so.control = c.co.control;
+  c.so.control_verbs = NULL;
+  c.so.n_control_verbs = 0;
   if (c.check_config) {
     ret = server_check(&c.so, show_exports, &c.so);
     goto out;

@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/control.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
@@ -57,7 +58,7 @@ static const char vhost_tail[] =
 
 #define VHOST_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE)
+   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL)
 
 struct vhost_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -173,9 +174,17 @@ static int vhost_run(struct vhost_opts *o) {
     bd_pool_stop();
     return 1;
   }
-  int r = vhu_serve(bd, &o->vhu, sfd, write_pid_file, (void *)o->co.pid_file);
-  if (r < 0)
+  /* The control socket, before the pid file says we are ready.  vhost's
+   * own verbs (a struct ctl_verb array, handlers getting the struct bd *)
+   * go in place of NULL, 0. */
+  struct ctl_server *ctl = NULL;
+  int r = -1;
+  if (o->co.control && !(ctl = ctl_start(o->co.control, NULL, 0, bd)))
     log_error("%s", bd_errmsg());
+  else if ((r = vhu_serve(bd, &o->vhu, sfd, write_pid_file,
+                          (void *)o->co.pid_file)) < 0)
+    log_error("%s", bd_errmsg());
+  ctl_stop(ctl);
   int fr = bd_close(bd);
   if (fr < 0)
     log_error("%s: flush on close: %s", o->source, strerror(-fr));

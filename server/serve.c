@@ -27,6 +27,7 @@
 #include "access.h"
 #include "config.h"
 #include "core/blockdev.h"
+#include "core/control.h"
 #include "core/log.h"
 #include "core/notify.h"
 #include "core/pool.h"
@@ -651,6 +652,7 @@ int server_run(const struct serve_opts *opts) {
   bool bound_unix = false;
   struct config cf = {0};
   struct metrics_http *mhttp = NULL;
+  struct ctl_server *ctl = NULL;
   if (read_exports(&srv, &o, &cf) != 0)
     goto out;
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
@@ -689,6 +691,11 @@ int server_run(const struct serve_opts *opts) {
              o.tls_verify_peer ? " (client certificates required)" : "",
              o.tls_certs && o.tls_psk ? ", " : "",
              o.tls_psk ? "pre-shared keys" : "");
+  if (o.control &&
+      !(ctl = ctl_start(o.control, o.control_verbs, o.n_control_verbs, &srv))) {
+    log_error("%s", bd_errmsg());
+    goto out;
+  }
   if (o.ready && o.ready(o.opaque) != 0)
     goto out;
   char where[1024];
@@ -706,6 +713,9 @@ int server_run(const struct serve_opts *opts) {
   }
   pthread_setname_np(rl.thread, "bp-reload");
   ret = run(&srv, &rl, lfds, nl, sfd) < 0 ? 1 : 0;
+  /* No command starts during the shutdown; one under way ends first. */
+  ctl_stop(ctl);
+  ctl = NULL;
   notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
   /* A reload under way finishes first (opening images is bounded). */
   reloader_poke(&rl, true);
@@ -729,6 +739,7 @@ out:
   if (bound_unix)
     unlink(o.unix_path);
   metrics_http_stop(mhttp);
+  ctl_stop(ctl);
   /* The last reference, unless a connection is stuck: closing an image
    * under it would be worse than not flushing it. */
   if (exports_put(&srv, srv.current) < 0)

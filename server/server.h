@@ -15,6 +15,7 @@ struct acl_rule;
 struct bd;
 struct config;
 struct conn;
+struct ctl_verb;
 struct device;
 struct export_set;
 struct metrics;
@@ -94,6 +95,14 @@ struct serve_opts {
   struct acl_rule *allow; /* TCP clients admitted, none: all */
   size_t nallow;
   const char *metrics; /* ADDR:PORT, NULL: no metrics */
+  /* --control PATH: the control socket (core/control.h), started once
+   * the exports are open and before READY, stopped before they close.
+   * CONTROL_VERBS (N_CONTROL_VERBS of them, outliving the server) are
+   * served beside help and version; their handlers get the struct
+   * server * as req->opaque. */
+  const char *control;
+  const struct ctl_verb *control_verbs;
+  size_t n_control_verbs;
   /* Called once clients can connect (say, to write a pid file); nonzero
    * stops the server. */
   int (*ready)(void *opaque);
