@@ -15,5 +15,6 @@ int resize_main(int argc, char **argv);
 int bitmap_main(int argc, char **argv);
 int mount_main(int argc, char **argv);
 int vhost_main(int argc, char **argv);
+int ctl_main(int argc, char **argv);
 
 #endif

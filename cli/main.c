@@ -17,6 +17,7 @@ static const struct command {
     {"serve", serve_main, "serve images over NBD"},
     {"mount", mount_main, "mount an image or NBD export as a file (FUSE)"},
     {"vhost", vhost_main, "serve an image to QEMU as vhost-user-blk"},
+    {"ctl", ctl_main, "send a command to a running serve, vhost or mount"},
     /* Image tools: keep in the order `qemu-img` users know. */
     {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
     {"create", create_main, "create a raw or qcow2 image, or an RBD image"},
