@@ -349,7 +349,10 @@ static int id(struct parser *ps, struct ctl_request *req) {
   req->id = malloc(n + 1);
   if (!req->id)
     return bad(ps, "out of memory");
-  memcpy(req->id, from, n);
+  /* Outside strings (which hold no raw control characters) only: a line
+   * break between tokens must not break the answer's line. */
+  for (size_t i = 0; i < n; i++)
+    req->id[i] = from[i] == '\n' || from[i] == '\r' ? ' ' : (char)from[i];
   req->id[n] = 0;
   return 0;
 }

@@ -49,6 +49,7 @@ struct ctl_server {
   struct client clients[CTL_MAX_CLIENTS];
   char *greeting;
   size_t greeting_len;
+  int stall_ms; /* CTL_STALL_MS, or BLOCKPORT_CONTROL_STALL_MS (tests) */
 };
 
 /* ---- built-in verbs ---- */
@@ -137,7 +138,7 @@ static int wait_fd(const struct ctl_server *s, int fd, short events, int ms) {
  * does not read.  0, or -1 (the client is to be dropped). */
 static int send_all(const struct ctl_server *s, int fd, const char *buf,
                     size_t len) {
-  int64_t deadline = now_ms() + CTL_STALL_MS;
+  int64_t deadline = now_ms() + s->stall_ms;
   while (len) {
     ssize_t n = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
@@ -247,15 +248,18 @@ static void serve_client(struct ctl_server *s, int fd) {
   for (;;) {
     int ms = -1;
     if (have || discard) {
-      int64_t left = since + CTL_STALL_MS - now_ms();
+      int64_t left = since + s->stall_ms - now_ms();
       ms = left > 0 ? (int)left : 0;
     }
     int w = wait_fd(s, fd, POLLIN, ms);
     if (w < 0)
       break;
     if (w == 0) {
-      send_error(s, fd, NULL, ETIMEDOUT,
-                 "request incomplete for 30 s; closing the connection");
+      char msg[96];
+      snprintf(msg, sizeof msg,
+               "request incomplete for %d ms; closing the connection",
+               s->stall_ms);
+      send_error(s, fd, NULL, ETIMEDOUT, msg);
       break;
     }
     ssize_t n = recv(fd, buf + have, CTL_MAX_LINE + 1 - have, MSG_DONTWAIT);
@@ -511,6 +515,10 @@ struct ctl_server *ctl_start(const char *path, const struct ctl_verb *verbs,
   s->n = n;
   s->opaque = opaque;
   s->lfd = s->stopfd = -1;
+  /* The tests' way to see the stall time-out without waiting 30 s. */
+  const char *stall = getenv("BLOCKPORT_CONTROL_STALL_MS");
+  long ms = stall ? strtol(stall, NULL, 10) : 0;
+  s->stall_ms = ms > 0 && ms <= CTL_STALL_MS ? (int)ms : CTL_STALL_MS;
   pthread_mutex_init(&s->lock, NULL);
   pthread_mutex_init(&s->run, NULL);
   if (make_greeting(s) < 0) {
