@@ -146,7 +146,8 @@ for c in $cmds; do
     src=$ROOT/cli/$c.c
     [[ -f $src && $(grep -c 'struct option' "$src") -eq 1 ]] || continue
     case $c in serve | mount | vhost) continue ;; esac
-    shorts=$(grep -oE 'getopt_long\(argc, argv, "[^"]*"' "$src" | sed -E 's/.*"(.*)"/\1/' | tr -d ':')
+    # A leading '+' or '-' is getopt's ordering flag, not an option.
+    shorts=$(grep -oE 'getopt_long\(argc, argv, "[^"]*"' "$src" | sed -E 's/.*"[+-]?(.*)"/\1/' | tr -d ':')
     longs=$(grep -oE '\{"[a-z0-9-]+", *(no|required|optional)_argument' "$src" |
         sed -E 's/\{"([^"]*)".*/\1/')
     [[ -n $shorts && -n $longs ]] || { fail_soft "cli/$c.c: no getopt table found"; continue; }
