@@ -8,7 +8,7 @@
 # pieces, unknown verbs, wrong argument counts, a stalled partial line, a
 # 17th client and a client gone mid-line each get the documented JSON
 # error or close, and afterwards the server still answers and still
-# serves NBD.  mount takes --control too.
+# serves NBD.  mount and vhost take --control too.
 source "$(dirname "$0")/lib.sh"
 require nbdinfo
 cd "$T"
@@ -216,3 +216,21 @@ else
     [[ ! -e mctl.sock ]] || fail "mount left its control socket"
     ok "mount answers version and removes its socket"
 fi
+
+########################################################################
+check "vhost --control"
+rm -f vhost.pid
+"${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" -P "$T/vhost.pid" \
+    --control "$T/vctl.sock" memory:1M </dev/null >>vhost.log 2>&1 &
+VHOST_PID=$!
+track_pid "$VHOST_PID"
+wait_file 10 vhost.pid "$VHOST_PID" || { cat vhost.log; fail "vhost did not start"; }
+[[ $(stat -c %a "$T/vctl.sock") == 600 ]] || fail "vhost's socket mode"
+run "$BLOCKPORT" ctl "$T/vctl.sock" version >/dev/null || fail "ctl version to vhost"
+kill -TERM "$VHOST_PID"
+wait_until 10 _pid_gone "$VHOST_PID" || fail "vhost did not exit"
+rc=0
+wait "$VHOST_PID" || rc=$?
+((rc == 0)) || { cat vhost.log; fail "vhost exited $rc"; }
+[[ ! -e $T/vctl.sock ]] || fail "vhost left its control socket"
+ok "vhost answers version and removes its socket"
