@@ -81,11 +81,14 @@ static int wait_for(const struct conn *c, short events) {
  * consumed by the next call: its length, or -1 with errno (0 when the
  * server closed the connection first). */
 static ssize_t read_line(struct conn *c, size_t *consumed) {
-  memmove(c->buf, c->buf + *consumed, c->have - *consumed);
-  c->have -= *consumed;
-  *consumed = 0;
+  if (*consumed) {
+    memmove(c->buf, c->buf + *consumed, c->have - *consumed);
+    c->have -= *consumed;
+    *consumed = 0;
+  }
   for (size_t scan = 0;;) {
-    char *nl = memchr(c->buf + scan, '\n', c->have - scan);
+    char *nl =
+        c->have > scan ? memchr(c->buf + scan, '\n', c->have - scan) : NULL;
     if (nl) {
       *nl = 0;
       *consumed = (size_t)(nl - c->buf) + 1;
