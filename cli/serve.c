@@ -89,6 +89,13 @@ static const char serve_head[] =
     "                            never)\n"
     "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
     "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
+    "      --fleece-dir DIR      with --control: where checkpoints' views\n"
+    "                            keep the data writes replace (unlinked\n"
+    "                            files; default /var/tmp; docs/BACKUP.md)\n"
+    "      --fleece-limit SIZE   with --control: fleece bytes of all views\n"
+    "                            together; a view that needs more breaks\n"
+    "                            (its reads fail), writes never do\n"
+    "                            (default 0: no limit)\n"
     "      --run CMD             once ready, run CMD with /bin/sh, with\n"
     "                            $uri (also $nbd), $unixsocket, $port,\n"
     "                            $exportname and $tls set as nbdkit's --run\n"
@@ -137,6 +144,8 @@ enum {
   OPT_MAX_BYTES,
   OPT_RUN,
   OPT_FORK,
+  OPT_FLEECE_DIR,
+  OPT_FLEECE_LIMIT,
 };
 
 static void usage(FILE *f, const struct serve_cli *c) {
@@ -221,6 +230,11 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
   case OPT_RUN: c->run.cmd = arg; return 1;
   case OPT_FORK: c->run.fork = true; return 1;
+  case OPT_FLEECE_DIR: o->ckpt.fleece_dir = arg; return 1;
+  case OPT_FLEECE_LIMIT:
+    if (bd_parse_size(arg, &o->ckpt.fleece_limit) < 0)
+      return bad("--fleece-limit", arg, "a size (say 10G), 0 for no limit");
+    return 1;
   case OPT_METRICS: {
     char host[256], mport[8];
     if (!metrics_parse_addr(arg, host, sizeof host, mport, sizeof mport))
@@ -338,6 +352,9 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
           "in the export";
   else if (o->force_share && !o->readonly)
     err = "--force-share needs --readonly (a writer cannot share the image)";
+  else if ((o->ckpt.fleece_dir || o->ckpt.fleece_limit) && !c->co.control)
+    err = "--fleece-dir and --fleece-limit need --control (they are for "
+          "checkpoints)";
   else if (c->run.cmd && c->run.fork)
     err = "--run keeps the server in the foreground: no --fork with it";
   else if (c->check_config && (c->run.cmd || c->run.fork || c->co.control))
@@ -397,6 +414,8 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
       {"run", required_argument, NULL, OPT_RUN},
       {"fork", no_argument, NULL, OPT_FORK},
+      {"fleece-dir", required_argument, NULL, OPT_FLEECE_DIR},
+      {"fleece-limit", required_argument, NULL, OPT_FLEECE_LIMIT},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   struct option lo[CLI_MAX_LONGOPTS];
@@ -460,11 +479,8 @@ int serve_main(int argc, char **argv) {
     goto out;
   c.so.open = &c.co.open;
   c.so.workers = c.co.workers;
-  /* The control socket.  serve's own verbs (a struct ctl_verb array,
-   * handlers getting the struct server *) go in control_verbs. */
+  /* The control socket, with the checkpoint verbs (server/). */
   c.so.control = c.co.control;
-  c.so.control_verbs = NULL;
-  c.so.n_control_verbs = 0;
   if (c.check_config) {
     ret = server_check(&c.so, show_exports, &c.so);
     goto out;

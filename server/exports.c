@@ -67,9 +67,13 @@ static int device_put(struct server *srv, struct device *d) {
     log_error("%s: final flush failed: %s", d->spec, strerror(-r));
   else
     log_debug("closed %s", d->spec);
+  struct device *base = d->base;
   free(d->key);
   free(d->spec);
   free(d);
+  /* A view's image stays open until the view is closed. */
+  if (base && device_put(srv, base) < 0)
+    r = -1;
   return r < 0 ? -1 : 0;
 }
 
@@ -232,6 +236,19 @@ static bool remember_replaced(struct build *b, struct device *old) {
   return true;
 }
 
+/* --control: BD behind a live device that takes checkpoints; NULL (BD
+ * closed) with bd_errmsg() when that fails. */
+static struct bd *live_device(struct bd *bd, const struct ckpt_opts *o) {
+  struct bd *live = ckpt_live_open(bd, o);
+  if (!live) {
+    char why[512]; /* bd_close() may set another message */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_close(bd);
+    bd_set_error("%s", why);
+  }
+  return live;
+}
+
 static int attach_device(struct build *b, size_t i, struct export *e) {
   const struct export_conf *c = &b->cf->v[i];
   const char *fmt = c->format ? c->format : b->o->format;
@@ -273,6 +290,8 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   oo.ncontexts = (size_t)nctx;
   d->bd = bd_open_with(c->path, &oo);
   free_strv(ctx);
+  if (d->bd && rw && b->srv->checkpoints)
+    d->bd = live_device(d->bd, &b->srv->ckpt);
   d->key = strdup(b->keys[i]);
   d->spec = strdup(c->path);
   if (!d->bd || !d->key || !d->spec) {
@@ -429,6 +448,129 @@ static int add_listed(struct build *b) {
   return 0;
 }
 
+/* The views of SRV (checkpoints.c), read-only exports after the others. */
+static int add_views(struct build *b) {
+  struct export_set *s = b->s;
+  pthread_mutex_lock(&b->srv->lock);
+  size_t nv = 0;
+  for (struct view *v = b->srv->views; v; v = v->next)
+    nv++;
+  struct export *ev = nv ? realloc(s->v, (s->n + nv) * sizeof *ev) : s->v;
+  if (ev)
+    s->v = ev;
+  struct hs_export *hv = ev ? realloc(s->hs, (s->n + nv) * sizeof *hv) : NULL;
+  if (hv)
+    s->hs = hv;
+  for (struct view *v = b->srv->views; hv && v; v = v->next) {
+    struct export *e = &s->v[s->n];
+    *e = (struct export){.name = strdup(v->name), .readonly = true};
+    e->ctx_names = calloc(v->nctx ? v->nctx : 1, sizeof *e->ctx_names);
+    e->ctx_map = calloc(v->nctx ? v->nctx : 1, sizeof *e->ctx_map);
+    if (!e->name || !e->ctx_names || !e->ctx_map) {
+      free(e->name);
+      free(e->ctx_names);
+      free(e->ctx_map);
+      hv = NULL;
+      break;
+    }
+    e->dev = v->dev;
+    v->dev->users++;
+    s->n++; /* from here on, freeing the set frees it */
+    for (size_t i = 0; i < v->nctx; i++) {
+      if (!(e->ctx_names[i] = strdup(v->ctx_names[i]))) {
+        hv = NULL;
+        break;
+      }
+      e->nctx = i + 1;
+      e->ctx_map[i] = (unsigned)i + 1; /* the view offers them in order */
+    }
+    s->hs[s->n - 1] = hs_export_of(e);
+  }
+  pthread_mutex_unlock(&b->srv->lock);
+  if (!hv)
+    return fail(b, &b->cf->v[0], "out of memory");
+  return 0;
+}
+
+static void free_view(struct view *v) {
+  for (size_t i = 0; i < v->nctx; i++)
+    free(v->ctx_names[i]);
+  free(v->ctx_names);
+  free(v->name);
+  free(v);
+}
+
+int exports_add_view(struct server *srv, const char *name, struct bd *view_bd,
+                     struct device *base, const char *const *ctx, size_t nctx) {
+  struct view *v = calloc(1, sizeof *v);
+  struct device *d = calloc(1, sizeof *d);
+  bool ok = v && d && (v->name = strdup(name)) &&
+            (v->ctx_names = calloc(nctx ? nctx : 1, sizeof *v->ctx_names)) &&
+            (d->key = strdup("view:")) && (d->spec = strdup(name));
+  for (size_t i = 0; ok && i < nctx; i++)
+    ok = (v->ctx_names[v->nctx++] = strdup(ctx[i])) != NULL;
+  if (!ok) {
+    if (v)
+      free_view(v);
+    if (d) {
+      free(d->key);
+      free(d->spec);
+    }
+    free(d);
+    bd_close(view_bd);
+    return -ENOMEM;
+  }
+  d->bd = view_bd;
+  d->users = 1; /* the view list's */
+  d->base = base;
+  v->dev = d;
+  pthread_mutex_lock(&srv->lock);
+  base->users++;
+  d->next = srv->devices;
+  srv->devices = d;
+  v->next = srv->views;
+  srv->views = v;
+  pthread_mutex_unlock(&srv->lock);
+  return 0;
+}
+
+struct view *exports_view_find(struct server *srv, const char *name) {
+  for (struct view *v = srv->views; v; v = v->next)
+    if (!strcmp(v->name, name))
+      return v;
+  return NULL;
+}
+
+int exports_remove_view(struct server *srv, const char *name) {
+  pthread_mutex_lock(&srv->lock);
+  struct view **pp = &srv->views;
+  while (*pp && strcmp((*pp)->name, name))
+    pp = &(*pp)->next;
+  struct view *v = *pp;
+  if (v)
+    *pp = v->next;
+  pthread_mutex_unlock(&srv->lock);
+  if (!v)
+    return -ENOENT;
+  device_put(srv, v->dev);
+  free_view(v);
+  return 0;
+}
+
+void exports_remove_views(struct server *srv) {
+  for (;;) {
+    pthread_mutex_lock(&srv->lock);
+    struct view *v = srv->views;
+    if (v)
+      srv->views = v->next;
+    pthread_mutex_unlock(&srv->lock);
+    if (!v)
+      return;
+    device_put(srv, v->dev);
+    free_view(v);
+  }
+}
+
 static int set_free(struct server *srv, struct export_set *s) {
   int ret = 0;
   for (size_t i = 0; i < s->n; i++) {
@@ -512,6 +654,8 @@ static int build_all(struct build *b) {
     r = add_listed(b);
   if (r == 0)
     r = apply_ro_names(b, has_default);
+  if (r == 0)
+    r = add_views(b);
   b->s->catalog = (struct hs_catalog){
       .v = b->s->hs, .n = b->s->n, .no_default = !has_default};
   for (size_t i = 0; b->keys && i < cf->n; i++)

@@ -29,7 +29,21 @@ struct device {
   char *spec;     /* as opened, for messages */
   unsigned users; /* exports (of any set) naming it; under srv->lock */
   unsigned conns; /* connections using it; under srv->lock */
+  /* A checkpoint view's device: the live image's device it reads, which
+   * it keeps open (a user) until it closes itself. */
+  struct device *base;
   struct device *next;
+};
+
+/* A checkpoint's view (server/checkpoints.c): a read-only export named
+ * "EXPORT@CHECKPOINT", added to every set built while it exists, reloads
+ * included.  Listed in srv->views, under srv->lock. */
+struct view {
+  char *name;
+  struct device *dev; /* the view's device; the list holds one user */
+  char **ctx_names;   /* its meta contexts beside base:allocation */
+  size_t nctx;
+  struct view *next;
 };
 
 struct export {
@@ -95,6 +109,20 @@ int exports_put(struct server *srv, struct export_set *s);
 /* A connection starts or stops using E's device. */
 void exports_conn_begin(struct server *srv, struct export *e);
 void exports_conn_end(struct server *srv, struct export *e);
+/* Add a view named NAME of BASE's image: VIEW_BD, read-only, offering
+ * the named contexts CTX (its bd contexts, in order).  The view takes
+ * VIEW_BD and a user of BASE; sets built from now on offer it.  Returns 0
+ * or -ENOMEM (VIEW_BD closed). */
+int exports_add_view(struct server *srv, const char *name, struct bd *view_bd,
+                     struct device *base, const char *const *ctx, size_t nctx);
+/* Drop view NAME from the sets built from now on; it closes with the last
+ * set (and so connection) using it.  Returns 0 or -ENOENT. */
+int exports_remove_view(struct server *srv, const char *name);
+/* Drop every view (at shutdown). */
+void exports_remove_views(struct server *srv);
+/* The view named NAME, or NULL; under srv->lock. */
+struct view *exports_view_find(struct server *srv, const char *name);
+
 /* Index of the export named NAME in S, or -1. */
 int exports_find(const struct export_set *s, const char *name);
 

@@ -25,6 +25,7 @@
 #include "core/pool.h"
 
 #include "access.h"
+#include "checkpoints.h"
 #include "config.h"
 #include "core/blockdev.h"
 #include "core/control.h"
@@ -197,10 +198,17 @@ static void names_missing(const struct export_set *a,
  * unless all of the new ones could be opened. */
 static bool reload_exports(struct server *srv, const struct serve_opts *o) {
   struct config cf = {0};
+  pthread_mutex_lock(&srv->rebuild_lock);
   struct export_set *old = exports_get(srv);
   bool ok = config_read(o, &cf) == 0 &&
             check_config_tls(srv, &cf, o->config) == 0 &&
             exports_open(srv, &cf, o) == 0;
+  if (ok) {
+    struct config keep = *srv->cf; /* the new one is current from now */
+    *srv->cf = cf;
+    cf = keep;
+  }
+  pthread_mutex_unlock(&srv->rebuild_lock);
   if (ok) {
     struct export_set *now = exports_get(srv);
     char added[512], removed[512];
@@ -581,13 +589,26 @@ static int read_exports(struct server *srv, const struct serve_opts *o,
   return 0;
 }
 
-static void server_init(struct server *srv, const struct serve_opts *o) {
+static void server_init(struct server *srv, const struct serve_opts *o,
+                        struct config *cf) {
   *srv = (struct server){.limits = o->limits,
                          .allow = o->allow,
                          .nallow = o->nallow,
                          .tls = o->tls,
+                         .cf = cf,
+                         .opts = o,
+                         .checkpoints = o->control != NULL,
+                         .ckpt = o->ckpt,
                          .lock = PTHREAD_MUTEX_INITIALIZER,
+                         .rebuild_lock = PTHREAD_MUTEX_INITIALIZER,
                          .cond = PTHREAD_COND_INITIALIZER};
+}
+
+int server_rebuild(struct server *srv) {
+  pthread_mutex_lock(&srv->rebuild_lock);
+  int r = exports_open(srv, srv->cf, srv->opts);
+  pthread_mutex_unlock(&srv->rebuild_lock);
+  return r;
 }
 
 /* Every image opened read-only and sharing: a check must never be a
@@ -607,8 +628,8 @@ static int open_for_check(struct server *srv, const struct config *cf,
 int server_check(const struct serve_opts *o, server_show_fn *show,
                  void *opaque) {
   struct server srv;
-  server_init(&srv, o);
   struct config cf = {0};
+  server_init(&srv, o, &cf);
   int ret = read_exports(&srv, o, &cf);
   if (ret == 0)
     ret = open_for_check(&srv, &cf, o);
@@ -625,7 +646,8 @@ int server_check(const struct serve_opts *o, server_show_fn *show,
 int server_run(const struct serve_opts *opts) {
   struct serve_opts o = *opts; /* the port may default below */
   struct server srv;
-  server_init(&srv, &o);
+  struct config cf = {0};
+  server_init(&srv, &o, &cf);
   int ret = 1, nl = 0, lfds[MAX_LISTENERS];
   /* Before any thread or plugin exists: children must not inherit
    * LISTEN_*. */
@@ -650,7 +672,6 @@ int server_run(const struct serve_opts *opts) {
   int sfd = signalfd(-1, &set, SFD_CLOEXEC);
 
   bool bound_unix = false;
-  struct config cf = {0};
   struct metrics_http *mhttp = NULL;
   struct ctl_server *ctl = NULL;
   if (read_exports(&srv, &o, &cf) != 0)
@@ -661,7 +682,6 @@ int server_run(const struct serve_opts *opts) {
   }
   if (exports_open(&srv, &cf, &o) < 0)
     goto out;
-  config_free(&cf);
   /* Every address first, metrics last: nothing is served unless all of
    * them could be bound. */
   if (o.unix_path) {
@@ -691,8 +711,7 @@ int server_run(const struct serve_opts *opts) {
              o.tls_verify_peer ? " (client certificates required)" : "",
              o.tls_certs && o.tls_psk ? ", " : "",
              o.tls_psk ? "pre-shared keys" : "");
-  if (o.control &&
-      !(ctl = ctl_start(o.control, o.control_verbs, o.n_control_verbs, &srv))) {
+  if (o.control && !(ctl = checkpoints_start(&srv, o.control))) {
     log_error("%s", bd_errmsg());
     goto out;
   }
@@ -741,7 +760,9 @@ out:
   metrics_http_stop(mhttp);
   ctl_stop(ctl);
   /* The last reference, unless a connection is stuck: closing an image
-   * under it would be worse than not flushing it. */
+   * under it would be worse than not flushing it.  Views first: each
+   * holds its image open. */
+  exports_remove_views(&srv);
   if (exports_put(&srv, srv.current) < 0)
     ret = 1;
   if (srv.devices)

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include "core/blockdev.h"
+#include "core/checkpoint.h"
 #include "handshake.h"
 
 struct acl_rule;
@@ -42,8 +43,19 @@ struct server {
   struct export_set *current;  /* what new clients get (exports.h) */
   unsigned generation;         /* of current: one more per reload */
   struct device *devices;      /* images some set uses */
-  pthread_cond_t cond;         /* signalled when a connection ends */
-  struct conn *conns;          /* live connections */
+  struct view *views;          /* checkpoint views (exports.h) */
+  /* The configuration current is built from, for building it again with
+   * a view more or less (server_rebuild()); replaced by a reload.  The
+   * rebuild lock serialises builds (reloads, checkpoints). */
+  struct config *cf;
+  const struct serve_opts *opts;
+  pthread_mutex_t rebuild_lock;
+  /* --control: every writable image is opened behind a live device that
+   * takes checkpoints (core/checkpoint.h), with these options. */
+  bool checkpoints;
+  struct ckpt_opts ckpt;
+  pthread_cond_t cond; /* signalled when a connection ends */
+  struct conn *conns;  /* live connections */
   unsigned nconns;
   unsigned next_id;
   bool shutting_down;
@@ -62,6 +74,11 @@ void conn_shutdown_all(struct server *srv, int how);
  * NBD_ESHUTDOWN (the client then disconnects and may retry elsewhere), and
  * each connection closes when its client leaves or after GRACE_MS. */
 void conn_begin_shutdown(struct server *srv, unsigned grace_ms);
+
+/* Build the current set again from the current configuration (and the
+ * views as they are now) and make it current.  Returns 0, or -1 with the
+ * reason logged; the current set then stays. */
+int server_rebuild(struct server *srv);
 
 /* ---- running a server (serve.c), as the command line asks ---- */
 
@@ -95,14 +112,10 @@ struct serve_opts {
   struct acl_rule *allow; /* TCP clients admitted, none: all */
   size_t nallow;
   const char *metrics; /* ADDR:PORT, NULL: no metrics */
-  /* --control PATH: the control socket (core/control.h), started once
-   * the exports are open and before READY, stopped before they close.
-   * CONTROL_VERBS (N_CONTROL_VERBS of them, outliving the server) are
-   * served beside help and version; their handlers get the struct
-   * server * as req->opaque. */
+  /* --control PATH: the control socket (checkpoint, release, list), NULL:
+   * none; its checkpoints' fleece files and bitmaps as CKPT says. */
   const char *control;
-  const struct ctl_verb *control_verbs;
-  size_t n_control_verbs;
+  struct ckpt_opts ckpt;
   /* Called once clients can connect (say, to write a pid file); nonzero
    * stops the server. */
   int (*ready)(void *opaque);
