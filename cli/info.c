@@ -276,6 +276,12 @@ static void print_human(const struct image *im) {
   human_size(b, sizeof b, im->file_size);
   printf("disk size: %s\nfile size: %s (%" PRIu64 " bytes)\n", a, b,
          im->file_size);
+  /* A raw file has nowhere to keep a bitmap: a checkpoint's lives in the
+   * server (docs/BACKUP.md).  Said last, after qemu-img's lines. */
+  if (!strcmp(im->format, "raw"))
+    printf("dirty bitmaps: none in a raw file; a server's checkpoints keep "
+           "theirs in memory, so after a restart the next backup is a full "
+           "one\n");
   if (!im->qcow2)
     return;
   const struct qcow2_info *q = &im->q;
