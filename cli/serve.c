@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport serve: the command line of the NBD server (server/serve.c
  * runs it), --check-config's listing and the pid file. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/blockdev.h"
@@ -369,6 +371,18 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
   return err ? -1 : 0;
 }
 
+/* --fleece-dir, checked at start rather than at the first checkpoint. */
+static int check_fleece_dir(const char *dir) {
+  struct stat st;
+  int e = stat(dir, &st) < 0             ? errno
+          : !S_ISDIR(st.st_mode)         ? ENOTDIR
+          : access(dir, W_OK | X_OK) < 0 ? errno
+                                         : 0;
+  if (e)
+    cli_error("serve", NULL, "--fleece-dir %s: %s", dir, strerror(e));
+  return e ? -1 : 0;
+}
+
 /* The exports: IMAGE..., or the plugin with the arguments as its
  * parameters. */
 static int take_images(struct serve_cli *c, int argc, char **argv) {
@@ -481,6 +495,10 @@ int serve_main(int argc, char **argv) {
   c.so.workers = c.co.workers;
   /* The control socket, with the checkpoint verbs (server/). */
   c.so.control = c.co.control;
+  if (c.so.control &&
+      check_fleece_dir(c.so.ckpt.fleece_dir ? c.so.ckpt.fleece_dir
+                                            : CKPT_DEFAULT_FLEECE_DIR) < 0)
+    goto out;
   if (c.check_config) {
     ret = server_check(&c.so, show_exports, &c.so);
     goto out;
