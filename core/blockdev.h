@@ -228,6 +228,43 @@ struct bd_ops {
   /* Optional, writable sources: change the virtual size to SIZE (see
    * bd_resize()). */
   int (*resize)(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
+  /* Optional, persistent dirty bitmaps a writer starts and stops (a
+   * checkpoint's, core/checkpoint.h); a source without them keeps none
+   * and its user keeps bitmaps in memory.  Each returns 0 or -errno with
+   * bd_set_error().
+   *
+   * bitmap_resume(): at a fresh opening, the bitmap a previous user
+   * started last and that still records: the last enabled bitmap in the
+   * source's order of creation, when it is consistent (stored by a clean
+   * close), its name in *NAME (malloc'd).  -ENOENT when there is none
+   * (none enabled, or the last one inconsistent: a crash); any other
+   * error (-EROFS, -ENOTSUP: an image that cannot store bitmaps) means
+   * this opening keeps none, and the other three must not be called.
+   * The rule cannot tell a checkpoint's bitmap from a user's own enabled
+   * one created after it: that one is taken for it.
+   *
+   * bitmap_start(): a new bitmap NAME of GRANULARITY bytes (a power of two,
+   * 512 B to 2 GiB), empty, recording every write, zero and trim from now
+   * on, on disk before it returns (marked in use, so that a crash leaves it
+   * inconsistent, never silently wrong); its bits are stored at close.
+   * -EEXIST when the source has a bitmap NAME; the source's limits (name
+   * length, number of bitmaps) refuse others.  Only with no write, zero
+   * or trim in flight.
+   *
+   * bitmap_enable(): NAME records writes (ON) or stops recording them (its
+   * bits so far kept, and stored at close).  Only with no write in
+   * flight.  -ENOENT when NAME is not a bitmap this opening keeps.
+   *
+   * bitmap_bits(): the bits of NAME, as stored and set since, reported as
+   * byte ranges of the device [OFF, OFF+LEN) whose every byte a set bit
+   * covers (at the bitmap's own granularity, clipped to the size), in
+   * order, through DIRTY (which returns 0, or -errno to stop). */
+  int (*bitmap_resume)(struct bd *bd, char **name);
+  int (*bitmap_start)(struct bd *bd, const char *name, uint32_t granularity);
+  int (*bitmap_enable)(struct bd *bd, const char *name, bool on);
+  int (*bitmap_bits)(struct bd *bd, const char *name,
+                     int (*dirty)(void *opaque, uint64_t off, uint64_t len),
+                     void *opaque);
 };
 
 /* A list of exports, from bd_list_exports(). */

@@ -19,6 +19,7 @@
 #include "core/blockdev.h"
 #include "core/byteorder.h"
 #include "core/io.h"
+#include "dirty-bitmaps.h"
 #include "guard.h"
 #include "overlap.h"
 #include "qcow2-internal.h"
@@ -360,10 +361,8 @@ static uint64_t clusters_for(const struct qcow2dev *q, uint64_t bytes) {
   return (bytes + q->csize - 1) / q->csize;
 }
 
-/* N clusters of new bitmap metadata holding BUF (BYTES, zero-padded to
- * whole clusters, so the file covers them). */
-static int write_new(struct qcow2dev *q, const void *buf, uint64_t bytes,
-                     uint64_t *off) {
+int qcow2_bm_write_new(struct qcow2dev *q, const void *buf, uint64_t bytes,
+                       uint64_t *off) {
   uint64_t n = clusters_for(q, bytes);
   uint8_t *c = calloc(n, q->csize);
   int r = c ? qcow2_alloc_contiguous(q, n, QCOW2_OL_BITMAPS, off) : -ENOMEM;
@@ -390,12 +389,12 @@ static int write_bitmap(struct qcow2_bm_edit *e, struct ebm *b) {
     const uint8_t *c = b->bits + (uint64_t)i * q->csize;
     uint64_t off = 0;
     if (!all_zero(c, q->csize))
-      r = write_new(q, c, q->csize, &off);
+      r = qcow2_bm_write_new(q, c, q->csize, &off);
     put_be64(t + i * 8ull, off);
   }
   uint64_t toff = 0;
   if (r == 0)
-    r = write_new(q, t, n * 8ull, &toff);
+    r = qcow2_bm_write_new(q, t, n * 8ull, &toff);
   if (r == 0) {
     b->table_off = toff;
     b->table_size = n;
@@ -421,7 +420,7 @@ static int write_dir(struct qcow2_bm_edit *e, uint64_t *size, uint64_t *off) {
   int r = buf ? 0 : -ENOMEM;
   if (r == 0 && e->n) {
     *size = qcow2_bitmap_dir_write(d, e->n, buf);
-    r = write_new(e->q, buf, *size, off);
+    r = qcow2_bm_write_new(e->q, buf, *size, off);
   }
   free(buf);
   free(d);
@@ -467,9 +466,8 @@ static int rebuild_header(struct qcow2dev *q, const uint8_t *ext) {
   return r;
 }
 
-/* Point the header at the directory of NB bitmaps (SIZE bytes at OFF). */
-static int write_header(struct qcow2dev *q, uint32_t nb, uint64_t size,
-                        uint64_t off) {
+int qcow2_bm_write_header(struct qcow2dev *q, uint32_t nb, uint64_t size,
+                          uint64_t off, struct qcow2_header *h) {
   uint8_t ext[24] = {0};
   put_be32(ext, nb);
   put_be64(ext + 8, size);
@@ -485,13 +483,13 @@ static int write_header(struct qcow2dev *q, uint32_t nb, uint64_t size,
   }
   if (r < 0)
     return r;
-  /* The header as it is now, for whoever looks at q->h next. */
-  uint8_t *h = malloc(q->csize);
+  /* The header as it is now, for whoever looks at it next. */
+  uint8_t *b = malloc(q->csize);
   size_t len = q->file_size < q->csize ? (size_t)q->file_size : q->csize;
-  r = h ? io_pread_zero(q->fd, h, len, 0) : -ENOMEM;
+  r = b ? io_pread_zero(q->fd, b, len, 0) : -ENOMEM;
   if (r == 0)
-    r = qcow2_parse_header(h, len, q->file_size, &q->h);
-  free(h);
+    r = qcow2_parse_header(b, len, q->file_size, h);
+  free(b);
   return r;
 }
 
@@ -533,7 +531,7 @@ static int commit(struct qcow2_bm_edit *e) {
   uint64_t old_off = q->h.bitmaps_dir_offset, old_size = q->h.bitmaps_dir_size;
   bool had_dir = q->h.bitmaps_nb != 0;
   if (r == 0)
-    r = write_header(q, e->n, size, off);
+    r = qcow2_bm_write_header(q, e->n, size, off, &q->h);
   if (r < 0)
     return r;
   for (size_t i = 0; i < e->nold; i++)

@@ -33,37 +33,10 @@
 #include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "dirty-bitmaps.h"
 #include "guard.h"
 #include "overlap.h"
 #include "qcow2-internal.h"
-
-struct tracked {
-  const struct qcow2_bitmap *b;
-  bool enabled;       /* tracks writes; a disabled one only follows resizes */
-  uint32_t size;      /* table entries (b->table_size until a resize) */
-  uint64_t table_off; /* where the table is written at close */
-  bool moved;         /* a resize gave it a new table: write it whole */
-  uint64_t zero_from; /* bits from here to their cluster's end are cleared
-                       * on disk at close (past an old or new end) */
-  uint64_t *table;    /* host-endian entries */
-  uint64_t *bits;     /* set since open: size clusters' worth */
-  uint8_t *touched;   /* per table entry: bits were set there */
-  uint64_t nbits;     /* bits that cover the image */
-};
-
-/* A range freed once the directory no longer points at it. */
-struct stale {
-  uint64_t off, len;
-};
-
-struct qcow2_bitmaps {
-  struct qcow2_bitmap *dir; /* the parsed directory */
-  uint8_t *raw;             /* the directory as stored */
-  struct tracked *t;
-  uint32_t nt;
-  struct stale *stale;
-  size_t nstale;
-};
 
 static void free_all(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
   for (uint32_t i = 0; i < bm->nt; i++) {
@@ -120,8 +93,8 @@ static int load_table(struct qcow2dev *q, struct tracked *t) {
   return r;
 }
 
-static int track(struct qcow2dev *q, struct tracked *t,
-                 const struct qcow2_bitmap *b) {
+int qcow2_bitmaps_track(struct qcow2dev *q, struct tracked *t,
+                        const struct qcow2_bitmap *b) {
   t->b = b;
   t->enabled = b->flags & QCOW2_BME_AUTO;
   t->size = b->table_size;
@@ -192,7 +165,7 @@ static int open_bitmaps(struct qcow2dev *q, struct qcow2_bitmaps *bm) {
     /* Disabled bitmaps do not change; in-use ones are already known to be
      * inconsistent. */
     if ((b->flags & QCOW2_BME_AUTO) && !(b->flags & QCOW2_BME_IN_USE))
-      r = track(q, &bm->t[bm->nt++], b);
+      r = qcow2_bitmaps_track(q, &bm->t[bm->nt++], b);
   }
   if (r == 0 && bm->nt)
     r = store_dir(q, bm, true);
@@ -357,13 +330,15 @@ static int add_stale(struct qcow2_bitmaps *bm, uint64_t off, uint64_t len) {
   return 0;
 }
 
-/* The directory, for an image whose bitmaps none are tracked yet. */
-static int load_untracked(struct qcow2dev *q) {
+int qcow2_bitmaps_load(struct qcow2dev *q) {
+  if (q->bitmaps)
+    return 0;
   struct qcow2_bitmaps *bm = calloc(1, sizeof *bm);
   if (!bm)
     return -ENOMEM;
-  int r = read_dir(q, bm);
-  bm->t = r == 0 ? calloc(q->h.bitmaps_nb, sizeof *bm->t) : NULL;
+  uint32_t nb = q->h.bitmaps_nb;
+  int r = nb ? read_dir(q, bm) : 0;
+  bm->t = r == 0 ? calloc(nb ? nb : 1, sizeof *bm->t) : NULL;
   if (r == 0 && !bm->t)
     r = -ENOMEM;
   if (r < 0) {
@@ -385,7 +360,7 @@ static bool is_tracked(const struct qcow2_bitmaps *bm,
 int qcow2_bitmaps_prepare_resize(struct qcow2dev *q) {
   if (q->h.bitmaps_nb == 0)
     return 0;
-  int r = q->bitmaps ? 0 : load_untracked(q);
+  int r = qcow2_bitmaps_load(q);
   struct qcow2_bitmaps *bm = q->bitmaps;
   /* The flags as they were at open: IN_USE there means inconsistent. */
   for (uint32_t i = 0; r == 0 && i < q->h.bitmaps_nb; i++)
@@ -398,7 +373,7 @@ int qcow2_bitmaps_prepare_resize(struct qcow2dev *q) {
   uint32_t before = r == 0 ? bm->nt : 0;
   for (uint32_t i = 0; r == 0 && i < q->h.bitmaps_nb; i++)
     if (!is_tracked(bm, &bm->dir[i]))
-      r = track(q, &bm->t[bm->nt++], &bm->dir[i]);
+      r = qcow2_bitmaps_track(q, &bm->t[bm->nt++], &bm->dir[i]);
   /* The newly tracked ones are in use, durably, before they change. */
   if (r == 0 && bm->nt > before)
     r = store_dir(q, bm, true);

@@ -21,6 +21,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "dirty-bitmaps.h"
 #include "formats/formats.h"
 #include "formats/map.h"
 #include "guard.h"
@@ -684,6 +685,10 @@ static const struct bd_ops qcow2_ops = {
     .hold_locks = q_hold_locks,
     .resize = qcow2_resize,
     .host_range = q_host_range,
+    .bitmap_resume = qcow2_bitmap_resume,
+    .bitmap_start = qcow2_bitmap_start,
+    .bitmap_enable = qcow2_bitmap_enable,
+    .bitmap_bits = qcow2_bitmap_bits,
 };
 
 /* ---- opening ---- */
