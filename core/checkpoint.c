@@ -232,7 +232,8 @@ struct cview {
 
 struct ckpt {
   char *name, *prev;
-  struct cbm *bm; /* dirty since it: recording (latest) or frozen */
+  bool persistent; /* INNER keeps its bitmap too (bitmap_start) */
+  struct cbm *bm;  /* dirty since it: recording (latest) or frozen */
   struct cview *view;
   struct ckpt *next;
 };
@@ -265,6 +266,7 @@ struct live {
   atomic_uint nviews;        /* open, unbroken views */
   struct cview *views;
   struct ckpt *ckpts;
+  bool persist; /* INNER keeps the bitmaps too (bd_ops bitmap_*) */
   bool taking;
   uint64_t rseq; /* reader sequence */
 };
@@ -718,6 +720,96 @@ static const struct bd_ops live_ops = {LIVE_OPS};
 static const struct bd_ops live_conn_ops = {
     LIVE_OPS, .conn_open = live_conn_open, .conn_close = live_conn_close};
 
+/* ---- bitmaps INNER keeps ---- */
+
+struct seed {
+  struct cbm *bm;
+  unsigned gshift;
+};
+
+static int seed_range(void *opaque, uint64_t off, uint64_t len) {
+  struct seed *s = opaque;
+  if (len == 0)
+    return 0;
+  uint64_t g0 = off >> s->gshift, g1 = ((off + len - 1) >> s->gshift) + 1;
+  if (g1 > s->bm->nbits)
+    g1 = s->bm->nbits;
+  if (g0 < g1)
+    cbm_set(s->bm, g0, g1);
+  return 0;
+}
+
+/* The checkpoint INNER's bitmap NAME records since, with its bits. */
+static struct ckpt *resumed(struct live *lv, char *name) {
+  const struct bd_ops *ops = lv->inner->ops;
+  struct ckpt *c = calloc(1, sizeof *c);
+  struct seed s = {cbm_new(lv->ngran), lv->gshift};
+  int r =
+      c && s.bm ? ops->bitmap_bits(lv->inner, name, seed_range, &s) : -ENOMEM;
+  if (r < 0) {
+    log_warn("%s: bitmap '%s' not resumed as a checkpoint: %s",
+             lv->inner->description, name,
+             r == -ENOMEM ? "out of memory" : bd_errmsg());
+    /* Stopped, so that the last enabled bitmap is a checkpoint's again. */
+    if (ops->bitmap_enable(lv->inner, name, false) < 0)
+      log_warn("%s: %s", lv->inner->description, bd_errmsg());
+    free(s.bm);
+    free(c);
+    free(name);
+    return NULL;
+  }
+  c->name = name;
+  c->persistent = true;
+  c->bm = s.bm;
+  return c;
+}
+
+/* At open: whether INNER keeps checkpoint bitmaps, and the checkpoint it
+ * still records, taken up again (no view; the next one offers it). */
+static void resume(struct live *lv) {
+  const struct bd_ops *ops = lv->inner->ops;
+  if (lv->inner->caps.readonly || !ops->bitmap_resume || !ops->bitmap_start ||
+      !ops->bitmap_enable || !ops->bitmap_bits)
+    return;
+  char *name = NULL;
+  int r = ops->bitmap_resume(lv->inner, &name);
+  if (r < 0 && r != -ENOENT) {
+    log_info("%s: checkpoint bitmaps kept in memory only (%s)",
+             lv->inner->description, bd_errmsg());
+    return;
+  }
+  lv->persist = true;
+  struct ckpt *c = r == 0 ? resumed(lv, name) : NULL;
+  if (!c)
+    return;
+  lv->ckpts = c;
+  atomic_store(&lv->rec, c->bm);
+  log_info("%s: checkpoint '%s' resumed from the image's bitmap",
+           lv->inner->description, c->name);
+}
+
+/* In a checkpoint's pause (no write in flight): INNER's bitmap of PREV
+ * (the recording checkpoint, or NULL) stops, bitmap NAME starts; all or
+ * nothing, with a message. */
+static int persist_switch(struct live *lv, struct ckpt *prev,
+                          const char *name) {
+  const struct bd_ops *ops = lv->inner->ops;
+  bool stop = prev && prev->persistent;
+  int r = stop ? ops->bitmap_enable(lv->inner, prev->name, false) : 0;
+  bool stopped = stop && r == 0;
+  if (r == 0)
+    r = ops->bitmap_start(lv->inner, name, lv->gran);
+  if (r < 0) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    if (stopped && ops->bitmap_enable(lv->inner, prev->name, true) < 0)
+      log_error("%s: bitmap '%s' could not record again: %s",
+                lv->inner->description, prev->name, bd_errmsg());
+    bd_set_error("checkpoint '%s': %s", name, why);
+  }
+  return r;
+}
+
 bool ckpt_is_live(const struct bd *bd) {
   return bd && (bd->ops == &live_ops || bd->ops == &live_conn_ops);
 }
@@ -786,6 +878,7 @@ struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o) {
    * reload); applying the mode again on the way through changes nothing. */
   bd->cache = inner->cache;
   bd->aio = inner->aio;
+  resume(lv);
   return bd;
 }
 
@@ -1075,6 +1168,28 @@ static struct ckpt *ckpt_last(struct live *lv) {
   return c;
 }
 
+/* Under the lock, which it releases: the end of a checkpoint's pause.
+ * Returns the writes queued meanwhile. */
+static struct lreq *unpause(struct live *lv) {
+  struct lreq *q = lv->queued;
+  lv->queued = NULL;
+  lv->qtail = &lv->queued;
+  atomic_store(&lv->paused, false);
+  lv->taking = false;
+  lv_wake(lv);
+  pthread_mutex_unlock(&lv->lock);
+  return q;
+}
+
+/* Writes submitted during the pause: after the checkpoint. */
+static void readmit(struct live *lv, struct lreq *q) {
+  while (q) {
+    struct lreq *next = q->qnext;
+    write_admit(lv, q);
+    q = next;
+  }
+}
+
 int ckpt_take(struct bd *live, const char *name, struct bd **view) {
   *view = NULL;
   if (!ckpt_is_live(live)) {
@@ -1182,6 +1297,26 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
   pthread_mutex_lock(&lv->lock);
   while (atomic_load(&lv->inflight) > 0)
     lv_wait(lv);
+  if (lv->persist) { /* writes stay queued while INNER's bitmaps switch */
+    pthread_mutex_unlock(&lv->lock);
+    r = persist_switch(lv, prev, name);
+    pthread_mutex_lock(&lv->lock);
+  }
+  if (r < 0) {
+    c->view = NULL;
+    v->fd = -1;
+    vbd->priv = NULL; /* view_close() then has nothing to drop */
+    readmit(lv, unpause(lv));
+    close(fd);
+    bd_close(vbd);
+    free(bm);
+    free(v);
+    free(c->name);
+    free(c);
+    free(prev_name);
+    return r;
+  }
+  c->persistent = lv->persist;
   struct ckpt **tail = &lv->ckpts;
   while (*tail)
     tail = &(*tail)->next;
@@ -1191,19 +1326,7 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
   lv->views = v;
   lv->refs++;
   atomic_fetch_add(&lv->nviews, 1);
-  struct lreq *q = lv->queued;
-  lv->queued = NULL;
-  lv->qtail = &lv->queued;
-  atomic_store(&lv->paused, false);
-  lv->taking = false;
-  lv_wake(lv);
-  pthread_mutex_unlock(&lv->lock);
-
-  while (q) { /* submitted during the pause: after the checkpoint */
-    struct lreq *next = q->qnext;
-    write_admit(lv, q);
-    q = next;
-  }
+  readmit(lv, unpause(lv));
   *view = vbd;
   return 0;
 }

@@ -22,6 +22,19 @@
  * written (write, zero or trim, whether it succeeded or not) between
  * checkpoint PREV and this one.
  *
+ * Persistence: when INNER keeps bitmaps of its own (the bd_ops bitmap_*
+ * of core/blockdev.h: a writable qcow2 image of version 3), each
+ * checkpoint's bitmap is also one of INNER's, named as the checkpoint:
+ * ckpt_take() stops INNER's bitmap of the previous checkpoint and starts
+ * bitmap NAME in the same pause, and ckpt_live_open() takes up the one
+ * INNER still records (bitmap_resume()) as the latest checkpoint, its
+ * bits as INNER stored them: no view, recording, so that the next
+ * checkpoint offers qemu:dirty-bitmap:PREV across a restart.  The
+ * bitmaps in memory stay the ones views answer from.  INNER's bitmaps
+ * stay in the image after their checkpoint is forgotten (for the user to
+ * remove).  Other sources keep bitmaps in memory only: a restart makes
+ * the next checkpoint one without PREV.
+ *
  * When the fleece limit (over all views) would be passed, or a copy fails
  * (the fleece write: ENOSPC...; or reading INNER), the view that needed
  * it breaks: its fleece is freed, its reads and allocation block status
@@ -100,8 +113,10 @@ uint32_t ckpt_granularity(const struct bd *live);
  * gets a read-only view device of the image at this instant, for the
  * caller to bd_close().  Returns 0; -EINVAL for a bad name (empty, longer
  * than CKPT_NAME_MAX bytes, holding '@' or control characters), -EEXIST
- * for a name in use, -EROFS when LIVE is read-only, other -errno (the
- * fleece file cannot be made...); each with a message in bd_errmsg(). */
+ * for a name in use (a checkpoint's, or a bitmap INNER keeps), -EROFS
+ * when LIVE is read-only, other -errno (the fleece file cannot be made,
+ * INNER refuses a bitmap...); each with a message in bd_errmsg(), and
+ * nothing changed. */
 int ckpt_take(struct bd *live, const char *name, struct bd **view);
 
 /* Breaks VIEW (a view device from ckpt_take()) at once, as the fleece
