@@ -13,7 +13,13 @@
 #     fails a write; on a raw image (bitmaps in memory);
 #   - kill -9 with views open: the live image keeps every acknowledged
 #     write (qemu-img check, compare), no fleece file is left, and the next
-#     server takes checkpoints again.
+#     server takes checkpoints again;
+#   - a qcow2 image keeps the checkpoints' bitmaps (qemu-img info: the
+#     latest enabled, the older ones not), so the first checkpoint after a
+#     restart offers qemu:dirty-bitmap:PREV marking exactly the granules
+#     written since PREV, before and after the restart; an image bitmap of
+#     the checkpoint's name is refused; after kill -9 the bitmaps left in
+#     use are not resumed (the next checkpoint has no PREV).
 source "$(dirname "$0")/lib.sh"
 require qemu-img
 "$PY" -c 'import nbd' 2>/dev/null || skip "python3 libnbd (nbd module) missing"
@@ -126,3 +132,92 @@ start_server --control "$T/ctl.sock" --fleece-dir "$T/fleece" -f qcow2 disk.qcow
 ctl checkpoint k3 >/dev/null
 stop_server
 ok "flushed data kept, no fleece file, checkpoints again after a restart"
+
+# bitmap_flags IMAGE NAME: the flags qemu-img info gives bitmap NAME
+# ("in-use auto", "" for none, "missing" without such a bitmap).
+bitmap_flags() {
+    qemu-img info -U --output=json "$1" | "$PY" -c '
+import json, sys
+d = json.load(sys.stdin).get("format-specific", {}).get("data", {})
+f = [b["flags"] for b in d.get("bitmaps", []) if b["name"] == sys.argv[1]]
+print(" ".join(f[0]) if f else "missing")' "$2"
+}
+
+# dirty_granules VIEW CTX: the 64 KiB granules context CTX of export VIEW
+# marks, space-separated.
+dirty_granules() {
+    "$PY" - "$SOCK" "$1" "$2" <<'EOF'
+import nbd, sys
+sock, view, ctx = sys.argv[1:4]
+h = nbd.NBD()
+h.add_meta_context(ctx)
+h.set_export_name(view)
+h.connect_uri("nbd+unix:///%s?socket=%s" % (view, sock))
+size, off, got = h.get_size(), 0, []
+while off < size:
+    ext = []
+    h.block_status(size - off, off,
+                   lambda m, o, e, err: ext.extend(e) if m == ctx else 0)
+    for i in range(0, len(ext), 2):
+        if ext[i + 1] & 1:
+            got += range(off >> 16, (off + ext[i] + 65535) >> 16)
+        off += ext[i]
+print(" ".join(map(str, sorted(set(got)))))
+EOF
+}
+
+expect_flags() {
+    local got
+    got=$(bitmap_flags p.qcow2 "$1")
+    [[ $got == "$2" ]] || fail "bitmap $1 has flags '$got', expected '$2'"
+}
+
+pserve() {
+    start_server --control "$T/ctl.sock" --fleece-dir "$T/fleece" -f qcow2 p.qcow2
+}
+
+check "qcow2 keeps the checkpoints' bitmaps: an incremental across a restart"
+qemu-img create -q -f qcow2 p.qcow2 16M
+pserve
+ctl checkpoint c1 >/dev/null
+qemu-io -f raw -c 'write 0 4k' "$URI" >/dev/null || fail "write"
+stop_server
+expect_flags c1 auto
+pserve
+ctl checkpoint c2 >ans.json
+grep -q '"qemu:dirty-bitmap:c1"' ans.json ||
+    fail "c2 after a restart offers no bitmap c1: $(cat ans.json)"
+qemu-io -f raw -c 'write 1M 4k' "$URI" >/dev/null || fail "write"
+stop_server
+expect_flags c1 ""
+expect_flags c2 auto
+qemu-img check -q p.qcow2 || fail "qemu-img check after two checkpoints"
+pserve
+expect_ctl_error "bitmap 'c1'" checkpoint c1
+qemu-io -f raw -c 'write 3145738 100' -c 'write -z 8M 128k' "$URI" >/dev/null ||
+    fail "write"
+ctl checkpoint c3 >ans.json
+grep -q '"qemu:dirty-bitmap:c2"' ans.json ||
+    fail "c3 offers no bitmap c2: $(cat ans.json)"
+got=$(dirty_granules @c3 qemu:dirty-bitmap:c2)
+[[ $got == "16 48 128 129" ]] ||
+    fail "@c3's bitmap c2 marks granules '$got', expected '16 48 128 129'"
+ok "c1 stopped, c2 recording in the image; @c3's c2 marks exactly the writes since c2"
+
+check "kill -9: the bitmaps left in use are not resumed"
+ctl checkpoint c4 >/dev/null
+qemu-io -f raw -c 'write 2M 4k' -c flush "$URI" >/dev/null || fail "write"
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+SERVER_PID=
+wait_until 10 file_unlocked p.qcow2 || fail "p.qcow2 still locked after kill -9"
+expect_flags c4 "in-use auto"
+pserve
+ctl checkpoint c5 >ans.json
+grep -q 'qemu:dirty-bitmap:' ans.json &&
+    fail "c5 after kill -9 offers a bitmap: $(cat ans.json)"
+stop_server
+expect_flags c5 auto
+expect_flags c4 "in-use auto"
+qemu-img check -q p.qcow2 || fail "qemu-img check after kill -9 and a restart"
+ok "c4 inconsistent, c5 without a previous checkpoint"
