@@ -885,3 +885,167 @@ Test(checkpoint, list_reports_dirty_bytes_and_last_granule) {
   bd_close(v2);
   bd_close(live);
 }
+
+/* ---- an INNER that keeps bitmaps (the bd_ops bitmap_*) ---- */
+
+struct keeper {
+  uint8_t data[1 << 20];
+  const char *resume;  /* bitmap_resume's answer, NULL: -ENOENT */
+  int resume_err;      /* other than 0: bitmap_resume fails so */
+  uint64_t bits[4][2]; /* bitmap_bits' ranges of RESUME */
+  int nbits;
+  int start_err;       /* bitmap_start fails so */
+  char started[4][16]; /* what bitmap_start was asked, in order */
+  int nstarted;
+  char enabled[16]; /* the bitmap enabled last (stop clears it) */
+  uint32_t gran;
+};
+
+static int k_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
+  memcpy(buf, ((struct keeper *)bd->priv)->data + off, len);
+  return 0;
+}
+
+static int k_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
+                    uint32_t flags) {
+  (void)flags;
+  memcpy(((struct keeper *)bd->priv)->data + off, buf, len);
+  return 0;
+}
+
+static int k_resume(struct bd *bd, char **name) {
+  struct keeper *k = bd->priv;
+  if (k->resume_err) {
+    bd_set_error("keeps none");
+    return k->resume_err;
+  }
+  if (!k->resume)
+    return -ENOENT;
+  snprintf(k->enabled, sizeof k->enabled, "%s", k->resume);
+  *name = strdup(k->resume);
+  return 0;
+}
+
+static int k_start(struct bd *bd, const char *name, uint32_t gran) {
+  struct keeper *k = bd->priv;
+  if (k->start_err) {
+    bd_set_error("refused '%s'", name);
+    return k->start_err;
+  }
+  snprintf(k->started[k->nstarted++], 16, "%s", name);
+  snprintf(k->enabled, sizeof k->enabled, "%s", name);
+  k->gran = gran;
+  return 0;
+}
+
+static int k_enable(struct bd *bd, const char *name, bool on) {
+  struct keeper *k = bd->priv;
+  cr_assert(on ? !k->enabled[0] : !strcmp(k->enabled, name), "enable %s %d",
+            name, on);
+  snprintf(k->enabled, sizeof k->enabled, "%s", on ? name : "");
+  return 0;
+}
+
+static int k_bits(struct bd *bd, const char *name,
+                  int (*dirty)(void *, uint64_t, uint64_t), void *opaque) {
+  struct keeper *k = bd->priv;
+  cr_assert_str_eq(name, k->resume);
+  for (int i = 0; i < k->nbits; i++)
+    dirty(opaque, k->bits[i][0], k->bits[i][1]);
+  return 0;
+}
+
+static const struct bd_ops keeper_ops = {.name = "keeper",
+                                         .pread = k_pread,
+                                         .pwrite = k_pwrite,
+                                         .bitmap_resume = k_resume,
+                                         .bitmap_start = k_start,
+                                         .bitmap_enable = k_enable,
+                                         .bitmap_bits = k_bits};
+
+static struct bd *keeper_bd(struct keeper *k) {
+  struct bd *bd = bd_new(&keeper_ops, "keeper", "keeper");
+  cr_assert_not_null(bd);
+  bd->priv = k;
+  bd->size = sizeof k->data;
+  bd->caps.can_trim = bd->caps.can_zero = bd->caps.can_fast_zero = false;
+  bd->caps.can_extents = bd->caps.can_cache = false;
+  return bd;
+}
+
+Test(checkpoint, resumed_bitmap_seeds_the_next_checkpoint) {
+  static struct keeper k = {
+      .resume = "old", .bits = {{0, 16384}, {100 * 1024, 16384}}, .nbits = 2};
+  struct bd *live = live_over(keeper_bd(&k), 65536, 0);
+  size_t n;
+  struct ckpt_info *info;
+  cr_assert_eq(ckpt_list(live, &info, &n, NULL), 0);
+  cr_assert_eq(n, 1);
+  cr_assert_str_eq(info[0].name, "old");
+  cr_assert(info[0].recording && !info[0].view_open && !info[0].prev);
+  cr_assert_eq(info[0].dirty, 2 * 65536, "granules 0 and 1 (16 KiB bits)");
+  ckpt_info_free(info, n);
+  uint8_t buf[10] = {1};
+  cr_assert_eq(bd_pwrite(live, buf, sizeof buf, 200 * 1024, 0), 0);
+  struct bd *v = take(live, "n1");
+  cr_assert_str_eq(k.started[0], "n1");
+  cr_assert_eq(k.gran, 65536);
+  cr_assert_str_eq(k.enabled, "n1", "old stopped, n1 started");
+  cr_assert_eq(v->ncontexts, 1);
+  cr_assert_str_eq(v->contexts[0], "qemu:dirty-bitmap:old");
+  uint8_t *d = dirty_of(v, 65536);
+  for (uint64_t g = 0; g < 16; g++)
+    cr_assert_eq(d[g], g <= 1 || g == 3, "granule %llu", (unsigned long long)g);
+  free(d);
+  cr_assert_eq(ckpt_take(live, "old", &v) == -EEXIST, true);
+  bd_close(v);
+  bd_close(live);
+}
+
+Test(checkpoint, refused_image_bitmap_changes_nothing) {
+  static struct keeper k = {.resume = "old", .start_err = -EEXIST};
+  struct bd *live = live_over(keeper_bd(&k), 65536, 0);
+  struct bd *v = NULL;
+  cr_assert_eq(ckpt_take(live, "n2", &v), -EEXIST);
+  cr_assert_null(v);
+  cr_assert(strstr(bd_errmsg(), "checkpoint 'n2': refused 'n2'"), "%s",
+            bd_errmsg());
+  cr_assert_str_eq(k.enabled, "old", "the stop was undone");
+  uint8_t buf[10] = {1};
+  cr_assert_eq(bd_pwrite(live, buf, sizeof buf, 300 * 1024, 0), 0);
+  size_t n;
+  struct ckpt_info *info;
+  cr_assert_eq(ckpt_list(live, &info, &n, NULL), 0);
+  cr_assert(n == 1 && info[0].recording && info[0].dirty == 65536);
+  ckpt_info_free(info, n);
+  k.start_err = 0;
+  v = take(live, "n2");
+  uint8_t *d = dirty_of(v, 65536);
+  cr_assert(d[4] && !d[0], "the write after the refusal is in old's bitmap");
+  free(d);
+  bd_close(v);
+  bd_close(live);
+}
+
+Test(checkpoint, inner_keeping_none_stays_in_memory) {
+  static struct keeper k = {.resume_err = -ENOTSUP};
+  struct bd *live = live_over(keeper_bd(&k), 65536, 0);
+  struct bd *v1 = take(live, "a"), *v2 = take(live, "b");
+  cr_assert_eq(k.nstarted, 0);
+  cr_assert_str_eq(v2->contexts[0], "qemu:dirty-bitmap:a");
+  bd_close(v1);
+  bd_close(v2);
+  bd_close(live);
+}
+
+Test(checkpoint, first_checkpoint_starts_an_image_bitmap) {
+  static struct keeper k = {0}; /* none to resume */
+  struct bd *live = live_over(keeper_bd(&k), 4096, 0);
+  struct bd *v = take(live, "first");
+  cr_assert_eq(v->ncontexts, 0);
+  cr_assert_eq(k.nstarted, 1);
+  cr_assert_str_eq(k.enabled, "first");
+  cr_assert_eq(k.gran, 4096);
+  bd_close(v);
+  bd_close(live);
+}
