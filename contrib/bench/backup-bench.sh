@@ -48,7 +48,8 @@
 #
 # usage: contrib/bench/backup-bench.sh [SECONDS] [ROUNDS] [BLOCKPORT]
 #        (READS=N in the environment: copies per export per round, 3)
-# Prints IOPS (and MiB/s) per run, then the medians and their ratios.
+# Prints IOPS (and MiB/s) per run, then the medians, and the ratios
+# round by round with their medians.
 # The default (10 s, 3 rounds) takes about 4.5 minutes.
 set -euo pipefail
 RT=${1:-10}
@@ -167,6 +168,10 @@ write_run() {
   fi
   RUNS[$side]+="$FIO_IOPS "
   CPUS[$side]+="$c "
+  R[$side,$round]=$FIO_IOPS
+  # writes per ms of server CPU: steadier than IOPS on a shared machine
+  E[$side,$round]=$(awk -v n="$FIO_IOPS" -v t="$RT" -v c="$c" \
+    'BEGIN { printf "%.1f", n * t / 1000 / c }')
   printf '%s %-8s %9s IOPS  cpu %5s s  %s\n' "$round" "$side" "$FIO_IOPS" "$c" "$note"
 }
 
@@ -203,6 +208,7 @@ read_round() {
     for s in $a $b; do
       if [ "$s" = "$srv-view" ]; then m=$(copy_mibs "$view"); else m=$(copy_mibs ""); fi
       RUNS[$s]+="$m "
+      R[$s,$round]+="$m "
       printf '%s %-8s %9s MiB/s\n' "$round" "$s" "$m"
     done
   done
@@ -210,7 +216,7 @@ read_round() {
 }
 
 SIDES=(plain bitmap ctl view qsd qsd-cbw)
-declare -A RUNS CPUS
+declare -A RUNS CPUS R E
 for round in $(seq "$ROUNDS"); do
   order=("${SIDES[@]}")
   if ((round % 2 == 0)); then
@@ -233,22 +239,35 @@ declare -A M
 echo
 for side in "${SIDES[@]}"; do
   M[$side]=$(median <<<"${RUNS[$side]}")
-  c=$(median <<<"${CPUS[$side]}")
-  printf '%-8s median %9s IOPS  cpu %5s s  %5s writes per cpu ms\n' \
-    "$side" "${M[$side]}" "$c" "$(ratio "$((${M[$side]%.*} * RT / 1000))" "$c")"
+  printf '%-8s median %9s IOPS  cpu %5s s\n' "$side" "${M[$side]}" \
+    "$(median <<<"${CPUS[$side]}")"
 done
 for side in bp-live bp-view qsd-live qsd-view; do
   M[$side]=$(median <<<"${RUNS[$side]}")
   printf '%-8s median %9s MiB/s\n' "$side" "${M[$side]}"
 done
+
+# Ratios within each round (its sides ran within a minute of each other,
+# so a load that comes and goes between rounds cancels), then their
+# median; for writes also the same ratio of writes per ms of server CPU.
 echo
-r() { printf '%-44s %s%s\n' "$1" "$(ratio "${M[$2]}" "${M[$3]}")" "${4:-}"; }
+printf '%-40s %-6s %-28s %s\n' ratio median rounds "per server CPU ms (median)"
+r() {
+  local a=$2 b=$3 k va vb q=() e=()
+  for k in $(seq "$ROUNDS"); do
+    va=$(median <<<"${R[$a,$k]}") vb=$(median <<<"${R[$b,$k]}")
+    q+=("$(ratio "$va" "$vb")")
+    [ -z "${E[$a,$k]:-}" ] || e+=("$(ratio "${E[$a,$k]}" "${E[$b,$k]}")")
+  done
+  printf '%-40s %-6.2f %-28s %4s%s\n' "$1" "$(median <<<"${q[*]}")" "${q[*]}" \
+    "$( ((${#e[@]})) && printf '%.2f' "$(median <<<"${e[*]}")")" "${4:-}"
+}
 r "bitmap / plain (4k randwrite)" bitmap plain "  (target >= 0.97)"
-r "view / ctl (checkpoint open, 4k randwrite)" view ctl "  (target >= 0.7)"
-r "ctl / plain (the live filter's passthrough)" ctl plain
-r "view / qsd-cbw (blockport / qsd, view open)" view qsd-cbw "  (target >= 1)"
-r "qsd-cbw / qsd (qsd's own fleecing cost)" qsd-cbw qsd
+r "view / ctl (checkpoint open)" view ctl "  (target >= 0.7)"
+r "ctl / plain (live filter passthrough)" ctl plain
+r "view / qsd-cbw (view open)" view qsd-cbw "  (target >= 1)"
+r "qsd-cbw / qsd (qsd's own fleecing)" qsd-cbw qsd
 r "plain / qsd (no view)" plain qsd
-r "bp-view / bp-live (nbdcopy, 10% copied)" bp-view bp-live "  (target >= 0.8)"
-r "qsd-view / qsd-live (nbdcopy, 10% copied)" qsd-view qsd-live
-r "bp-view / qsd-view" bp-view qsd-view
+r "bp-view / bp-live (nbdcopy MiB/s)" bp-view bp-live "  (target >= 0.8)"
+r "qsd-view / qsd-live (nbdcopy MiB/s)" qsd-view qsd-live
+r "bp-view / qsd-view (nbdcopy MiB/s)" bp-view qsd-view
