@@ -50,7 +50,7 @@
 #        (READS=N in the environment: copies per export per round, 3)
 # Prints IOPS (and MiB/s) per run, then the medians, and the ratios
 # round by round with their medians.
-# The default (10 s, 3 rounds) takes about 4.5 minutes.
+# The default (10 s, 3 rounds) takes about 4 minutes.
 set -euo pipefail
 RT=${1:-10}
 ROUNDS=${2:-3}
