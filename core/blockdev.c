@@ -806,10 +806,15 @@ struct sync_req {
   pthread_cond_t cond;
   bool done;
   int err;
+  pthread_t waiter;
+  char msg[1024]; /* a failure's message, when another thread completed */
 };
 
 static void sync_done(struct bd_req *req, int err) {
   struct sync_req *s = (struct sync_req *)req;
+  /* The message is the completing thread's: carry it to the waiter. */
+  if (err < 0 && !pthread_equal(pthread_self(), s->waiter))
+    snprintf(s->msg, sizeof s->msg, "%s", bd_errmsg());
   pthread_mutex_lock(&s->lock);
   s->done = true;
   s->err = err;
@@ -862,7 +867,7 @@ int bd_run(struct bd *bd, struct bd_req *req) {
   req->flags &= ~BD_F_ALIGNED;
   if (bd->exec != BD_EXEC_ASYNC)
     return bd_execute(bd, req);
-  struct sync_req s = {.req = *req, .done = false};
+  struct sync_req s = {.req = *req, .done = false, .waiter = pthread_self()};
   pthread_mutex_init(&s.lock, NULL);
   pthread_cond_init(&s.cond, NULL);
   s.req.done = sync_done;
@@ -873,6 +878,8 @@ int bd_run(struct bd *bd, struct bd_req *req) {
   pthread_mutex_unlock(&s.lock);
   pthread_cond_destroy(&s.cond);
   pthread_mutex_destroy(&s.lock);
+  if (s.msg[0])
+    bd_set_error("%s", s.msg);
   return s.err;
 }
 

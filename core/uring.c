@@ -153,6 +153,10 @@ static void finish(struct op *o) {
   int err = o->err;
   atomic_fetch_sub(&o->ring->inflight, o->nseg);
   free(o);
+  /* The completing thread's message is read with the error (a server's
+   * reply): it must be this request's, not the last one that thread set. */
+  if (err < 0)
+    bd_set_error("%s", strerror(-err));
   req->done(req, err);
 }
 
