@@ -203,6 +203,27 @@ static int fmap_copied_in(const struct fmap *m, uint64_t g0, uint64_t g1,
   return 0;
 }
 
+/* Whether any granule of [G0, G1) is copied (or draining): held by the
+ * fleece rather than INNER. */
+static bool fmap_any(const struct fmap *m, uint64_t g0, uint64_t g1) {
+  if (!m->n)
+    return false;
+  if (g1 - g0 <= (uint64_t)m->cap) { /* walk the range */
+    for (uint64_t g = g0; g < g1; g++) {
+      const uint64_t *e = fmap_get(m, g);
+      if (e && !(*e & COPYING))
+        return true;
+    }
+    return false;
+  }
+  for (size_t i = 0; i < m->cap; i++) { /* walk the map */
+    uint64_t g = m->v[i].key - 1;
+    if (m->v[i].key && g >= g0 && g < g1 && !(m->v[i].val & COPYING))
+      return true;
+  }
+  return false;
+}
+
 /* ---- the shared state ---- */
 
 struct ckpt;
@@ -227,6 +248,10 @@ struct cview {
   uint64_t fleece; /* bytes it holds, counted in live.used */
   struct fmap map;
   struct reader *readers;
+  /* The view's synchronous side, a BD_EXEC_POOL twin (view_sync_ops):
+   * reads that touch the fleece, block status.  Reads of granules INNER
+   * still holds go to INNER from the submitting thread (view_submit). */
+  struct bd *sync;
   struct cview *next; /* live.views: open views */
 };
 
@@ -1060,11 +1085,93 @@ static void ckpt_gc(struct live *lv, struct ckpt *c) {
 
 static const struct bd_ops view_ops;
 
+/* A view request on its way: to INNER (a read of granules INNER still
+ * holds, registered as a reader) or to the view's pool twin. */
+struct vreq {
+  struct bd_req child; /* first: the child's done() finds the vreq */
+  struct bd_req *parent;
+  struct cview *v;
+  struct reader rd;
+  bool reader;
+};
+
+static void vreq_done(struct bd_req *child, int err) {
+  struct vreq *q = (struct vreq *)child;
+  struct bd_req *parent = q->parent;
+  if (q->reader) {
+    struct cview *v = q->v;
+    struct live *lv = v->lv;
+    pthread_mutex_lock(&lv->lock);
+    if (q->rd.prev)
+      q->rd.prev->next = q->rd.next;
+    else
+      v->readers = q->rd.next;
+    if (q->rd.next)
+      q->rd.next->prev = q->rd.prev;
+    if (v->broken && err == 0) {
+      bd_set_error("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+      err = -EIO;
+    }
+    lv_wake(lv);
+    pthread_mutex_unlock(&lv->lock);
+  }
+  free(q);
+  bd_complete(parent, err);
+}
+
+/* Registers Q as a reader of granules INNER still holds all of, under the
+ * lock; false (nothing done) when the view broke or holds one of them. */
+static bool read_from_inner(struct cview *v, struct vreq *q) {
+  struct live *lv = v->lv;
+  const struct bd_req *p = q->parent;
+  uint64_t g0 = p->offset >> lv->gshift;
+  uint64_t g1 = ((p->offset + p->length - 1) >> lv->gshift) + 1;
+  pthread_mutex_lock(&lv->lock);
+  bool ok = !v->broken && !fmap_any(&v->map, g0, g1);
+  if (ok) {
+    q->rd = (struct reader){g0, g1, lv->rseq++, NULL, v->readers};
+    if (v->readers)
+      v->readers->prev = &q->rd;
+    v->readers = &q->rd;
+    q->reader = true;
+  }
+  pthread_mutex_unlock(&lv->lock);
+  return ok;
+}
+
+/* Reads of granules INNER still holds (most of a view, most of the time)
+ * go to INNER in the submitting thread, as the live device's do; the rest
+ * runs on the pool through the twin. */
+static void view_submit(struct bd *bd, struct bd_req *req) {
+  struct cview *v = bd->priv;
+  struct vreq *q = malloc(sizeof *q);
+  if (!q) {
+    bd_set_error("checkpoint: out of memory");
+    bd_complete(req, -ENOMEM);
+    return;
+  }
+  *q = (struct vreq){.parent = req, .v = v};
+  q->child = (struct bd_req){.cmd = req->cmd,
+                             .flags = req->flags,
+                             .offset = req->offset,
+                             .length = req->length,
+                             .buf = req->buf,
+                             .extents = req->extents,
+                             .context = req->context,
+                             .done = vreq_done};
+  bool direct = req->cmd == BD_READ && req->length > 0 && read_from_inner(v, q);
+  bd_submit(direct ? v->lv->inner : v->sync, &q->child);
+}
+
 static void view_close(struct bd *bd) {
   struct cview *v = bd->priv;
   if (!v) /* a take that failed */
     return;
   struct live *lv = v->lv;
+  struct bd *twin = v->sync; /* no request in flight: nothing uses it */
+  v->sync = NULL;
+  twin->priv = NULL;
+  bd_close(twin);
   pthread_mutex_lock(&lv->lock);
   for (struct cview **p = &lv->views; *p; p = &(*p)->next)
     if (*p == v) {
@@ -1106,11 +1213,13 @@ int ckpt_view_release(struct bd *bd) {
   return 0;
 }
 
-static const struct bd_ops view_ops = {.name = "checkpoint-view",
-                                       .pread = view_pread,
-                                       .extents = view_extents,
-                                       .context_extents = view_context_extents,
-                                       .close = view_close};
+static const struct bd_ops view_ops = {
+    .name = "checkpoint-view", .submit = view_submit, .close = view_close};
+static const struct bd_ops view_sync_ops = {.name = "checkpoint-view-sync",
+                                            .pread = view_pread,
+                                            .extents = view_extents,
+                                            .context_extents =
+                                                view_context_extents};
 
 /* The fleece file: unlinked from the start, so nothing outlives us. */
 static int fleece_open(const char *dir) {
@@ -1231,7 +1340,8 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
     r = -ENOMEM;
   if (r == 0) {
     snprintf(desc, dn, "%s@%s", live->description, name);
-    if (!(vbd = bd_new(&view_ops, "checkpoint", desc)))
+    if (!(vbd = bd_new(&view_ops, "checkpoint", desc)) ||
+        !(v->sync = bd_new(&view_sync_ops, "checkpoint", desc)))
       r = -ENOMEM;
   }
   if (r == 0 && prev) {
@@ -1240,6 +1350,8 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
     if (ctx) {
       snprintf(ctx, pn, "%s%s", BD_CTX_BITMAP_PREFIX, prev->name);
       r = bd_add_context(vbd, ctx);
+      if (r == 0)
+        r = bd_add_context(v->sync, ctx);
       free(ctx);
     } else {
       r = -ENOMEM;
@@ -1257,6 +1369,8 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
     if (fd >= 0)
       close(fd);
     bd_close(vbd);
+    if (v)
+      bd_close(v->sync);
     free(bm);
     free(v);
     if (c)
@@ -1289,8 +1403,13 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
                                .min_block = ic.min_block,
                                .pref_block = ic.pref_block,
                                .max_block = ic.max_block};
-  vbd->exec = BD_EXEC_POOL;
+  vbd->exec = BD_EXEC_ASYNC;
   vbd->conc = BD_CONC_PARALLEL;
+  v->sync->priv = v;
+  v->sync->size = vbd->size;
+  v->sync->caps = vbd->caps;
+  v->sync->exec = BD_EXEC_POOL;
+  v->sync->conc = BD_CONC_PARALLEL;
 
   /* The instant: no write in flight, new ones queued. */
   atomic_store(&lv->paused, true);
