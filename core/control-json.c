@@ -153,7 +153,7 @@ static int escape(struct parser *ps, unsigned *cp) {
     ps->p--;
     return bad(ps, "unknown escape '\\%c'", c >= 0x20 && c < 0x7f ? c : '?');
   }
-  unsigned hi, lo;
+  unsigned hi = 0, lo = 0; /* hex4() sets them; gcc -O2 cannot tell */
   if (hex4(ps, &hi) < 0)
     return -EINVAL;
   if (hi >= 0xdc00 && hi <= 0xdfff)
