@@ -112,6 +112,12 @@ fail(struct build *b, const struct export_conf *c, const char *fmt, ...) {
   return -1;
 }
 
+/* A failure of the build as a whole (no export to name). */
+static int fail_oom(struct build *b) {
+  snprintf(b->err, b->errlen, "out of memory");
+  return -1;
+}
+
 /* Whether any export of the configuration needs image KEY writable. */
 static bool key_needs_rw(const struct build *b, const char *key) {
   if (b->o->readonly)
@@ -487,9 +493,7 @@ static int add_views(struct build *b) {
     s->hs[s->n - 1] = hs_export_of(e);
   }
   pthread_mutex_unlock(&b->srv->lock);
-  if (!hv)
-    return fail(b, &b->cf->v[0], "out of memory");
-  return 0;
+  return hv ? 0 : fail_oom(b);
 }
 
 static void free_view(struct view *v) {
@@ -525,7 +529,8 @@ int exports_add_view(struct server *srv, const char *name, struct bd *view_bd,
   d->base = base;
   v->dev = d;
   pthread_mutex_lock(&srv->lock);
-  base->users++;
+  if (base)
+    base->users++;
   d->next = srv->devices;
   srv->devices = d;
   v->next = srv->views;
@@ -594,10 +599,10 @@ static int set_free(struct server *srv, struct export_set *s) {
 
 /* The order of the catalog: the default export first (it is v[0]). */
 static size_t *export_order(const struct config *cf, bool *has_default) {
-  size_t *order = malloc(cf->n * sizeof *order), def = 0, k = 0;
-  if (!order)
-    return NULL;
+  size_t *order = malloc((cf->n ? cf->n : 1) * sizeof *order), def = 0, k = 0;
   *has_default = false;
+  if (!order || !cf->n)
+    return order;
   for (size_t i = 0; i < cf->n && !*has_default; i++)
     if (cf->v[i].is_default) {
       def = i;
@@ -639,15 +644,16 @@ static int build_all(struct build *b) {
   const struct config *cf = b->cf;
   bool has_default = false;
   size_t *order = export_order(cf, &has_default);
-  b->keys = calloc(cf->n, sizeof *b->keys);
-  b->s->v = calloc(cf->n, sizeof *b->s->v);
-  b->s->hs = calloc(cf->n, sizeof *b->s->hs);
+  size_t n = cf->n ? cf->n : 1; /* a view server's set: views only */
+  b->keys = calloc(n, sizeof *b->keys);
+  b->s->v = calloc(n, sizeof *b->s->v);
+  b->s->hs = calloc(n, sizeof *b->s->hs);
   int r = order && b->keys && b->s->v && b->s->hs ? 0 : -1;
   for (size_t i = 0; r == 0 && i < cf->n; i++)
     if (!(b->keys[i] = device_key(cf->v[i].name, cf->v[i].path)))
       r = -1;
   if (r < 0)
-    fail(b, &cf->v[0], "out of memory");
+    fail_oom(b);
   for (size_t k = 0; r == 0 && k < cf->n; k++)
     r = add_export(b, order[k]);
   if (r == 0 && b->o->plugin)
@@ -671,7 +677,7 @@ struct export_set *exports_build(struct server *srv, const struct config *cf,
                                  const struct bd_open_opts *open) {
   struct export_set *s = calloc(1, sizeof *s);
   struct build b = {srv, cf, o, s, NULL, err, errlen, NULL, 0, open};
-  if (!s || cf->n == 0) {
+  if (!s || (cf->n == 0 && !srv->views_only)) {
     snprintf(err, errlen, "%s", s ? "no exports" : "out of memory");
     free(s);
     return NULL;

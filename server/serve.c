@@ -320,7 +320,7 @@ static int remove_stale_socket(const char *path, const struct sockaddr_un *sa) {
   return 0;
 }
 
-static int listen_unix(const char *path, int mode) {
+int server_listen_unix(const char *path, int mode) {
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(path) >= sizeof sa.sun_path) {
     log_error("socket path too long: %s", path);
@@ -541,12 +541,12 @@ static bool wait_conns(struct server *srv, int seconds) {
   return done;
 }
 
-static int run(struct server *srv, struct reloader *rl, int *lfds, int nl,
-               int sfd) {
+int server_accept_loop(struct server *srv, const int *lfds, int nl, int evfd,
+                       server_event_fn *event, void *opaque) {
   struct pollfd p[MAX_LISTENERS + 1];
   for (int i = 0; i < nl; i++)
     p[i] = (struct pollfd){.fd = lfds[i], .events = POLLIN};
-  p[nl] = (struct pollfd){.fd = sfd, .events = POLLIN};
+  p[nl] = (struct pollfd){.fd = evfd, .events = POLLIN};
   for (;;) {
     if (poll(p, (nfds_t)nl + 1, -1) < 0) {
       if (errno == EINTR)
@@ -554,21 +554,54 @@ static int run(struct server *srv, struct reloader *rl, int *lfds, int nl,
       log_error("poll: %s", strerror(errno));
       return -1;
     }
-    if (p[nl].revents & POLLIN) {
-      struct signalfd_siginfo si;
-      if (read(sfd, &si, sizeof si) != sizeof si)
-        continue;
-      if (si.ssi_signo == SIGHUP) {
-        reloader_poke(rl, false);
-        continue;
-      }
-      log_info("signal %u: shutting down", si.ssi_signo);
+    if ((p[nl].revents & POLLIN) && event(opaque))
       return 0;
-    }
     for (int i = 0; i < nl; i++)
       if (p[i].revents & POLLIN)
         accept_one(srv, lfds[i]);
   }
+}
+
+/* server_run's signals: SIGHUP reloads, the others stop. */
+struct signals {
+  int sfd;
+  struct reloader *rl;
+};
+
+static bool on_signal(void *opaque) {
+  struct signals *sg = opaque;
+  struct signalfd_siginfo si;
+  if (read(sg->sfd, &si, sizeof si) != sizeof si)
+    return false;
+  if (si.ssi_signo == SIGHUP) {
+    reloader_poke(sg->rl, false);
+    return false;
+  }
+  log_info("signal %u: shutting down", si.ssi_signo);
+  return true;
+}
+
+void server_drain(struct server *srv) {
+  conn_begin_shutdown(srv, SHUTDOWN_GRACE_MS);
+  if (!wait_conns(srv, 30)) {
+    log_warn("connections still busy after 30 s; closing them");
+    conn_shutdown_all(srv, SHUT_RDWR);
+    wait_conns(srv, 30);
+  }
+}
+
+int server_release(struct server *srv) {
+  /* The last reference, unless a connection is stuck: closing an image
+   * under it would be worse than not flushing it.  Views first: each
+   * holds its image open. */
+  exports_remove_views(srv);
+  int ret = exports_put(srv, srv->current) < 0 ? -1 : 0;
+  srv->current = NULL;
+  if (srv->devices)
+    log_warn("images still in use by stuck connections are left unflushed");
+  else
+    metrics_free(srv->metrics);
+  return ret;
 }
 
 /* Load what the exports need before opening them: TLS credentials (an
@@ -589,8 +622,8 @@ static int read_exports(struct server *srv, const struct serve_opts *o,
   return 0;
 }
 
-static void server_init(struct server *srv, const struct serve_opts *o,
-                        struct config *cf) {
+void server_init(struct server *srv, const struct serve_opts *o,
+                 struct config *cf) {
   *srv = (struct server){.limits = o->limits,
                          .allow = o->allow,
                          .nallow = o->nallow,
@@ -608,6 +641,27 @@ int server_rebuild(struct server *srv) {
   pthread_mutex_lock(&srv->rebuild_lock);
   int r = exports_open(srv, srv->cf, srv->opts);
   pthread_mutex_unlock(&srv->rebuild_lock);
+  return r;
+}
+
+int server_add_view(struct server *srv, const char *name, struct bd *view_bd,
+                    struct device *base, const char *const *ctx, size_t nctx) {
+  int r = exports_add_view(srv, name, view_bd, base, ctx, nctx);
+  if (r < 0)
+    return r;
+  if (server_rebuild(srv) < 0) {
+    exports_remove_view(srv, name);
+    return -EIO;
+  }
+  return 0;
+}
+
+int server_remove_view(struct server *srv, const char *name) {
+  int r = exports_remove_view(srv, name);
+  if (r == 0 && server_rebuild(srv) < 0)
+    log_warn("release '%s': the exports could not be rebuilt; the view "
+             "stays listed until the next change",
+             name);
   return r;
 }
 
@@ -673,7 +727,7 @@ int server_run(const struct serve_opts *opts) {
 
   bool bound_unix = false;
   struct metrics_http *mhttp = NULL;
-  struct ctl_server *ctl = NULL;
+  struct checkpoints *ctl = NULL;
   if (read_exports(&srv, &o, &cf) != 0)
     goto out;
   if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
@@ -685,7 +739,7 @@ int server_run(const struct serve_opts *opts) {
   /* Every address first, metrics last: nothing is served unless all of
    * them could be bound. */
   if (o.unix_path) {
-    if ((lfds[nl] = listen_unix(o.unix_path, o.unix_mode)) < 0)
+    if ((lfds[nl] = server_listen_unix(o.unix_path, o.unix_mode)) < 0)
       goto out;
     nl++;
     bound_unix = true;
@@ -711,7 +765,8 @@ int server_run(const struct serve_opts *opts) {
              o.tls_verify_peer ? " (client certificates required)" : "",
              o.tls_certs && o.tls_psk ? ", " : "",
              o.tls_psk ? "pre-shared keys" : "");
-  if (o.control && !(ctl = checkpoints_start(&srv, o.control))) {
+  struct ckpt_host host = checkpoints_serve_host(&srv);
+  if (o.control && !(ctl = checkpoints_start(&host, o.control))) {
     log_error("%s", bd_errmsg());
     goto out;
   }
@@ -731,9 +786,10 @@ int server_run(const struct serve_opts *opts) {
     goto out;
   }
   pthread_setname_np(rl.thread, "bp-reload");
-  ret = run(&srv, &rl, lfds, nl, sfd) < 0 ? 1 : 0;
+  struct signals sg = {.sfd = sfd, .rl = &rl};
+  ret = server_accept_loop(&srv, lfds, nl, sfd, on_signal, &sg) < 0 ? 1 : 0;
   /* No command starts during the shutdown; one under way ends first. */
-  ctl_stop(ctl);
+  checkpoints_stop(ctl);
   ctl = NULL;
   notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
   /* A reload under way finishes first (opening images is bounded). */
@@ -745,12 +801,7 @@ int server_run(const struct serve_opts *opts) {
   for (int i = 0; i < nl; i++)
     close(lfds[i]);
   nl = 0;
-  conn_begin_shutdown(&srv, SHUTDOWN_GRACE_MS);
-  if (!wait_conns(&srv, 30)) {
-    log_warn("connections still busy after 30 s; closing them");
-    conn_shutdown_all(&srv, SHUT_RDWR);
-    wait_conns(&srv, 30);
-  }
+  server_drain(&srv);
   bd_pool_stop();
 out:
   for (int i = 0; i < nl; i++)
@@ -758,17 +809,9 @@ out:
   if (bound_unix)
     unlink(o.unix_path);
   metrics_http_stop(mhttp);
-  ctl_stop(ctl);
-  /* The last reference, unless a connection is stuck: closing an image
-   * under it would be worse than not flushing it.  Views first: each
-   * holds its image open. */
-  exports_remove_views(&srv);
-  if (exports_put(&srv, srv.current) < 0)
+  checkpoints_stop(ctl);
+  if (server_release(&srv) < 0)
     ret = 1;
-  if (srv.devices)
-    log_warn("images still in use by stuck connections are left unflushed");
-  else
-    metrics_free(srv.metrics);
   config_free(&cf);
   if (sfd >= 0)
     close(sfd);

@@ -54,6 +54,8 @@ struct server {
    * takes checkpoints (core/checkpoint.h), with these options. */
   bool checkpoints;
   struct ckpt_opts ckpt;
+  /* A view server (view-server.h): no configured exports, only views. */
+  bool views_only;
   pthread_cond_t cond; /* signalled when a connection ends */
   struct conn *conns;  /* live connections */
   unsigned nconns;
@@ -79,6 +81,15 @@ void conn_begin_shutdown(struct server *srv, unsigned grace_ms);
  * views as they are now) and make it current.  Returns 0, or -1 with the
  * reason logged; the current set then stays. */
 int server_rebuild(struct server *srv);
+/* Add view NAME (exports_add_view(): VIEW_BD, taken, keeping BASE open,
+ * NULL for nothing) and rebuild the current set so that the next client
+ * finds it.  0, or -ENOMEM, or -EIO when the rebuild failed (logged; the
+ * view is dropped again). */
+int server_add_view(struct server *srv, const char *name, struct bd *view_bd,
+                    struct device *base, const char *const *ctx, size_t nctx);
+/* Drop view NAME and rebuild; 0 or -ENOENT.  A failed rebuild is logged:
+ * the view stays listed until the next change. */
+int server_remove_view(struct server *srv, const char *name);
 
 /* ---- running a server (serve.c), as the command line asks ---- */
 
@@ -133,5 +144,26 @@ typedef void server_show_fn(const struct config *cf, const struct export_set *s,
                             void *opaque);
 int server_check(const struct serve_opts *o, server_show_fn *show,
                  void *opaque);
+
+/* ---- the pieces of a running server, for server_run() and the view
+ * server (view-server.c) ---- */
+
+/* SRV as O and CF say, nothing opened yet. */
+void server_init(struct server *srv, const struct serve_opts *o,
+                 struct config *cf);
+/* A Unix socket listening at PATH (MODE, -1: the umask's); a stale socket
+ * there is replaced, anything else refused.  The fd, or -1 (logged). */
+int server_listen_unix(const char *path, int mode);
+/* Accept clients on LFDS (NL of them) until EVENT(OPAQUE), called when EVFD
+ * is readable, returns true.  0, or -1 when poll failed (logged). */
+typedef bool server_event_fn(void *opaque);
+int server_accept_loop(struct server *srv, const int *lfds, int nl, int evfd,
+                       server_event_fn *event, void *opaque);
+/* With the listeners closed: end every connection as the NBD spec asks
+ * (conn_begin_shutdown()), forcing those still busy after 30 s. */
+void server_drain(struct server *srv);
+/* Drop the views and the current set, closing (flushing) the images
+ * unless a stuck connection holds them.  0, or -1 when a flush failed. */
+int server_release(struct server *srv);
 
 #endif
