@@ -464,7 +464,9 @@ static int add_views(struct build *b) {
   struct export *ev = nv ? realloc(s->v, (s->n + nv) * sizeof *ev) : s->v;
   if (ev)
     s->v = ev;
-  struct hs_export *hv = ev ? realloc(s->hs, (s->n + nv) * sizeof *hv) : NULL;
+  struct hs_export *hv = !ev  ? NULL
+                         : nv ? realloc(s->hs, (s->n + nv) * sizeof *hv)
+                              : s->hs;
   if (hv)
     s->hs = hv;
   for (struct view *v = b->srv->views; hv && v; v = v->next) {
