@@ -18,7 +18,6 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
-#include "core/control.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
@@ -27,6 +26,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "daemon.h"
+#include "disk-ckpt.h"
 #include "options.h"
 
 static const char mount_head[] =
@@ -68,7 +68,8 @@ static const char mount_tail[] =
 
 #define MOUNT_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | CO_NBD |        \
-   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL)
+   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL | CO_VIEWS |        \
+   CO_FLEECE)
 
 struct mount_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -290,7 +291,7 @@ static int mount_run(const struct mount_opts *o) {
   }
   int ret = 1;
   struct bd *bd = NULL;
-  struct ctl_server *ctl = NULL;
+  struct disk_ckpt dc = {0};
   if (bd_pool_start(o->co.workers) < 0) {
     log_error("cannot start the worker pool");
     goto out;
@@ -300,16 +301,13 @@ static int mount_run(const struct mount_opts *o) {
     log_error("%s", bd_errmsg());
     goto out;
   }
-  /* The control socket, before the mount says it is live.  mount's own
-   * verbs (a struct ctl_verb array, handlers getting the struct bd *) go
-   * in place of NULL, 0. */
-  if (o->co.control && !(ctl = ctl_start(o->co.control, NULL, 0, bd))) {
-    log_error("%s", bd_errmsg());
+  /* The control socket (with --views-unix, the disk behind a live device
+   * and the views' NBD socket), before the mount says it is live. */
+  if (disk_ckpt_start(&dc, &o->co, &bd, o->readonly) < 0)
     goto out;
-  }
   ret = run_mount(&s, bd);
-  ctl_stop(ctl);
-  ctl = NULL;
+  /* No more commands; the views' clients end, their views close. */
+  disk_ckpt_stop(&dc);
   if (ret == -2) {
     /* Requests still out: closing the device would pull it from under
      * them.  The mount is gone; leave now. */
@@ -318,6 +316,7 @@ static int mount_run(const struct mount_opts *o) {
     _exit(1);
   }
 out:
+  disk_ckpt_stop(&dc);
   pthread_cancel(st);
   pthread_join(st, NULL);
   if (bd && bd_close(bd) < 0)
@@ -413,7 +412,9 @@ static int parse_opts(int argc, char **argv, struct mount_opts *o) {
       {"log-file", required_argument, NULL, OPT_LOG_FILE},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  if (cli_getopt(argc, argv, &o->co, own, "rn:t:h", option_cb, usage_cb, o) < 0)
+  if (cli_getopt(argc, argv, &o->co, own, "rn:t:h", option_cb, usage_cb, o) <
+          0 ||
+      cli_ckpt_check(&o->co) < 0)
     return -1;
   if (o->readonly)
     o->co.open.flags |= BD_OPEN_READONLY;

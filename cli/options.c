@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 #include "options.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/pool.h"
@@ -27,6 +30,9 @@ enum {
   ID_CACHE,
   ID_AIO,
   ID_CONTROL,
+  ID_FLEECE_DIR,
+  ID_FLEECE_LIMIT,
+  ID_VIEWS_UNIX,
 };
 
 #define L2_CACHE_MIN (64u * 1024)
@@ -109,6 +115,18 @@ static const struct shared_opt table[] = {
      "take commands on the Unix socket PATH (mode\n"
      "0600; blockport ctl PATH help), made before\n"
      "ready and removed at exit (docs/CONTROL.md)"},
+    {CO_VIEWS, ID_VIEWS_UNIX, "views-unix", "PATH", 0, 0,
+     "with --control: the disk takes checkpoints,\n"
+     "their views served read-only over NBD on the\n"
+     "Unix socket PATH (mode 0600; docs/BACKUP.md)"},
+    {CO_FLEECE, ID_FLEECE_DIR, "fleece-dir", "DIR", 0, 0,
+     "with checkpoints: where their views keep the\n"
+     "data writes replace (unlinked files; default\n"
+     "/var/tmp; docs/BACKUP.md)"},
+    {CO_FLEECE, ID_FLEECE_LIMIT, "fleece-limit", "SIZE", 0, 0,
+     "with checkpoints: fleece bytes of all views\n"
+     "together; a view that needs more breaks (its\n"
+     "reads fail), writes never do (default 0: none)"},
 };
 #define NTABLE (sizeof table / sizeof table[0])
 
@@ -229,6 +247,13 @@ static int rbd_lock(struct cli_common *c, const struct shared_opt *t,
   return bad(c, t, arg, "fail, wait or none");
 }
 
+static int fleece_limit(struct cli_common *c, const struct shared_opt *t,
+                        const char *arg) {
+  if (bd_parse_size(arg, &c->ckpt.fleece_limit) < 0)
+    return bad(c, t, arg, "a size (say 10G), 0 for no limit");
+  return 1;
+}
+
 static int logging(struct cli_common *c, const struct shared_opt *t,
                    const char *arg) {
   if (t->val == 'v')
@@ -260,6 +285,9 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_RBD_LOCK: return rbd_lock(c, t, arg);
   case 'P': c->pid_file = arg; return 1;
   case ID_CONTROL: c->control = arg; return 1;
+  case ID_VIEWS_UNIX: c->views_unix = arg; return 1;
+  case ID_FLEECE_DIR: c->ckpt.fleece_dir = arg; return 1;
+  case ID_FLEECE_LIMIT: return fleece_limit(c, t, arg);
   default: return logging(c, t, arg);
   }
 }
@@ -298,6 +326,41 @@ void cli_opts_usage(FILE *f, const struct cli_common *c) {
   for (size_t i = 0; i < NTABLE; i++)
     if (c->which & table[i].group)
       usage_line(f, &table[i], c->workers);
+}
+
+/* --fleece-dir, checked at start rather than at the first checkpoint. */
+static int check_fleece_dir(const struct cli_common *c, const char *dir) {
+  struct stat st;
+  int e = stat(dir, &st) < 0             ? errno
+          : !S_ISDIR(st.st_mode)         ? ENOTDIR
+          : access(dir, W_OK | X_OK) < 0 ? errno
+                                         : 0;
+  if (e)
+    cli_error(c->cmd, NULL, "--fleece-dir %s: %s", dir, strerror(e));
+  return e ? -1 : 0;
+}
+
+int cli_ckpt_check(const struct cli_common *c) {
+  bool fleece = c->ckpt.fleece_dir || c->ckpt.fleece_limit;
+  /* Where --views-unix exists, checkpoints need it. */
+  bool views = c->which & CO_VIEWS ? c->views_unix != NULL : true;
+  const char *err = NULL;
+  if (c->views_unix && !c->control)
+    err = "--views-unix needs --control (checkpoints are taken there)";
+  else if (fleece && !c->control)
+    err = "--fleece-dir and --fleece-limit need --control (they are for "
+          "checkpoints)";
+  else if (fleece && !views)
+    err = "--fleece-dir and --fleece-limit need --views-unix (without it "
+          "no checkpoint is taken)";
+  if (err) {
+    cli_usage_error(c->cmd, "%s", err);
+    return -1;
+  }
+  if (!c->control || !views)
+    return 0;
+  return check_fleece_dir(c, c->ckpt.fleece_dir ? c->ckpt.fleece_dir
+                                                : CKPT_DEFAULT_FLEECE_DIR);
 }
 
 int cli_getopt(int argc, char **argv, struct cli_common *c,

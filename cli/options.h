@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "core/blockdev.h"
+#include "core/checkpoint.h"
 
 /* Groups of shared options, a bit each. */
 enum {
@@ -31,6 +32,9 @@ enum {
   CO_CACHE = 1u << 9,    /* --cache MODE (enum bd_cache) */
   CO_AIO = 1u << 10,     /* --aio MODE (enum bd_aio) */
   CO_CONTROL = 1u << 11, /* --control PATH (core/control.h) */
+  /* --fleece-dir DIR, --fleece-limit SIZE: checkpoints' views */
+  CO_FLEECE = 1u << 12,
+  CO_VIEWS = 1u << 13, /* --views-unix PATH: views over NBD (vhost, mount) */
 };
 
 #define CLI_MAX_DEBUG_FLAGS 64
@@ -45,7 +49,9 @@ struct cli_common {
   unsigned workers; /* the command's default until -w */
   const char *plugin;
   const char *pid_file;
-  const char *control; /* --control: the control socket, or NULL */
+  const char *control;    /* --control: the control socket, or NULL */
+  struct ckpt_opts ckpt;  /* --fleece-dir, --fleece-limit */
+  const char *views_unix; /* --views-unix: views' NBD socket, or NULL */
   const char *debug[CLI_MAX_DEBUG_FLAGS]; /* -D, pointed to by open */
 };
 
@@ -71,6 +77,11 @@ int cli_getopt(int argc, char **argv, struct cli_common *c,
                const struct option *own, const char *own_short,
                int (*option)(void *cmd, int ch, const char *arg),
                void (*usage)(FILE *f, const void *cmd), void *cmd);
+/* The checkpoint options together, once parsed: --fleece-* and
+ * --views-unix need --control (and, where C takes --views-unix, the
+ * --fleece-* options need it); the fleece directory must be a writable
+ * directory.  0, or -1 (said on stderr). */
+int cli_ckpt_check(const struct cli_common *c);
 /* The --help lines of the shared options C takes. */
 void cli_opts_usage(FILE *f, const struct cli_common *c);
 

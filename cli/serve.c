@@ -91,13 +91,6 @@ static const char serve_head[] =
     "                            never)\n"
     "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
     "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
-    "      --fleece-dir DIR      with --control: where checkpoints' views\n"
-    "                            keep the data writes replace (unlinked\n"
-    "                            files; default /var/tmp; docs/BACKUP.md)\n"
-    "      --fleece-limit SIZE   with --control: fleece bytes of all views\n"
-    "                            together; a view that needs more breaks\n"
-    "                            (its reads fail), writes never do\n"
-    "                            (default 0: no limit)\n"
     "      --run CMD             once ready, run CMD with /bin/sh, with\n"
     "                            $uri (also $nbd), $unixsocket, $port,\n"
     "                            $exportname and $tls set as nbdkit's --run\n"
@@ -118,7 +111,7 @@ static const char serve_tail[] =
 
 #define SERVE_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL)
+   CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL | CO_FLEECE)
 
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -146,8 +139,6 @@ enum {
   OPT_MAX_BYTES,
   OPT_RUN,
   OPT_FORK,
-  OPT_FLEECE_DIR,
-  OPT_FLEECE_LIMIT,
 };
 
 static void usage(FILE *f, const struct serve_cli *c) {
@@ -232,11 +223,6 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
   case OPT_RUN: c->run.cmd = arg; return 1;
   case OPT_FORK: c->run.fork = true; return 1;
-  case OPT_FLEECE_DIR: o->ckpt.fleece_dir = arg; return 1;
-  case OPT_FLEECE_LIMIT:
-    if (bd_parse_size(arg, &o->ckpt.fleece_limit) < 0)
-      return bad("--fleece-limit", arg, "a size (say 10G), 0 for no limit");
-    return 1;
   case OPT_METRICS: {
     char host[256], mport[8];
     if (!metrics_parse_addr(arg, host, sizeof host, mport, sizeof mport))
@@ -354,9 +340,6 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
           "in the export";
   else if (o->force_share && !o->readonly)
     err = "--force-share needs --readonly (a writer cannot share the image)";
-  else if ((o->ckpt.fleece_dir || o->ckpt.fleece_limit) && !c->co.control)
-    err = "--fleece-dir and --fleece-limit need --control (they are for "
-          "checkpoints)";
   else if (c->run.cmd && c->run.fork)
     err = "--run keeps the server in the foreground: no --fork with it";
   else if (c->check_config && (c->run.cmd || c->run.fork || c->co.control))
@@ -369,18 +352,6 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
   if (err)
     cli_usage_error("serve", "%s", err);
   return err ? -1 : 0;
-}
-
-/* --fleece-dir, checked at start rather than at the first checkpoint. */
-static int check_fleece_dir(const char *dir) {
-  struct stat st;
-  int e = stat(dir, &st) < 0             ? errno
-          : !S_ISDIR(st.st_mode)         ? ENOTDIR
-          : access(dir, W_OK | X_OK) < 0 ? errno
-                                         : 0;
-  if (e)
-    cli_error("serve", NULL, "--fleece-dir %s: %s", dir, strerror(e));
-  return e ? -1 : 0;
 }
 
 /* The exports: IMAGE..., or the plugin with the arguments as its
@@ -428,8 +399,6 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
       {"run", required_argument, NULL, OPT_RUN},
       {"fork", no_argument, NULL, OPT_FORK},
-      {"fleece-dir", required_argument, NULL, OPT_FLEECE_DIR},
-      {"fleece-limit", required_argument, NULL, OPT_FLEECE_LIMIT},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   struct option lo[CLI_MAX_LONGOPTS];
@@ -444,7 +413,7 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
     if (one_option(c, ch, optarg) < 0)
       return -1;
   }
-  if (check_conflicts(c, argc - optind) < 0)
+  if (check_conflicts(c, argc - optind) < 0 || cli_ckpt_check(&c->co) < 0)
     return -1;
   return take_images(c, argc, argv);
 }
@@ -495,10 +464,7 @@ int serve_main(int argc, char **argv) {
   c.so.workers = c.co.workers;
   /* The control socket, with the checkpoint verbs (server/). */
   c.so.control = c.co.control;
-  if (c.so.control &&
-      check_fleece_dir(c.so.ckpt.fleece_dir ? c.so.ckpt.fleece_dir
-                                            : CKPT_DEFAULT_FLEECE_DIR) < 0)
-    goto out;
+  c.so.ckpt = c.co.ckpt;
   if (c.check_config) {
     ret = server_check(&c.so, show_exports, &c.so);
     goto out;

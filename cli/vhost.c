@@ -14,7 +14,6 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
-#include "core/control.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
@@ -22,6 +21,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "disk-ckpt.h"
 #include "options.h"
 
 static const char vhost_head[] =
@@ -58,7 +58,8 @@ static const char vhost_tail[] =
 
 #define VHOST_SHARED                                                           \
   (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL)
+   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL |          \
+   CO_VIEWS | CO_FLEECE)
 
 struct vhost_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -134,7 +135,9 @@ static int parse_opts(int argc, char **argv, struct vhost_opts *o) {
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0},
   };
-  if (cli_getopt(argc, argv, &o->co, own, "s:q:rh", option_cb, usage_cb, o) < 0)
+  if (cli_getopt(argc, argv, &o->co, own, "s:q:rh", option_cb, usage_cb, o) <
+          0 ||
+      cli_ckpt_check(&o->co) < 0)
     return -1;
   if (o->vhu.readonly)
     o->co.open.flags |= BD_OPEN_READONLY;
@@ -174,17 +177,15 @@ static int vhost_run(struct vhost_opts *o) {
     bd_pool_stop();
     return 1;
   }
-  /* The control socket, before the pid file says we are ready.  vhost's
-   * own verbs (a struct ctl_verb array, handlers getting the struct bd *)
-   * go in place of NULL, 0. */
-  struct ctl_server *ctl = NULL;
+  /* The control socket (with --views-unix, the disk behind a live device
+   * and the views' NBD socket), before the pid file says we are ready. */
+  struct disk_ckpt dc;
   int r = -1;
-  if (o->co.control && !(ctl = ctl_start(o->co.control, NULL, 0, bd)))
+  if (disk_ckpt_start(&dc, &o->co, &bd, o->vhu.readonly) == 0 &&
+      (r = vhu_serve(bd, &o->vhu, sfd, write_pid_file,
+                     (void *)o->co.pid_file)) < 0)
     log_error("%s", bd_errmsg());
-  else if ((r = vhu_serve(bd, &o->vhu, sfd, write_pid_file,
-                          (void *)o->co.pid_file)) < 0)
-    log_error("%s", bd_errmsg());
-  ctl_stop(ctl);
+  disk_ckpt_stop(&dc);
   int fr = bd_close(bd);
   if (fr < 0)
     log_error("%s: flush on close: %s", o->source, strerror(-fr));

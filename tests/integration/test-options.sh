@@ -10,11 +10,12 @@ require ss
 cd "$T"
 
 # The shared options' lines of CMD's --help, without mount's and vhost's
-# aliases, the default number of workers (which differs by design) and
-# --cache (mount's takes one more mode, page, for the mounted files).
+# aliases, the default number of workers (which differs by design),
+# --cache (mount's takes one more mode, page, for the mounted files) and
+# --views-unix (mount's and vhost's: serve serves views itself).
 shared_help() {
     "$BLOCKPORT" "$1" --help | sed -n '/^  -f, --format/,/^  -h, --help/p' |
-        awk '/^      --cache MODE/ {skip = 1; next}
+        awk '/^      --(cache MODE|views-unix PATH)/ {skip = 1; next}
              skip && /^  (-|    --)/ {skip = 0}
              !skip' |
         grep -v -e '^  -C, --connections' -e '^      --timeout ' \
