@@ -18,13 +18,12 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/io.h"
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "frontend/fuse-mount.h"
 
-#include "cli.h"
-#include "commands.h"
 #include "daemon.h"
 #include "disk-ckpt.h"
 #include "options.h"
@@ -160,16 +159,6 @@ static char *default_name(const char *source) {
 
 /* ---- daemon, pid file, signals ---- */
 
-static char *absolute(const char *path) {
-  if (path[0] == '/')
-    return strdup(path);
-  char cwd[4096];
-  if (!getcwd(cwd, sizeof cwd))
-    return NULL;
-  char *out;
-  return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
-}
-
 /* The kernel has initialised the mount (a FUSE thread calls this). */
 static void on_live(void *opaque) {
   struct mount_state *s = opaque;
@@ -274,7 +263,7 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
 static int mount_run(const struct mount_opts *o) {
   struct mount_state s = {.o = o, .notify_fd = -1};
   pthread_mutex_init(&s.lock, NULL);
-  if (o->co.pid_file && !(s.pid_path = absolute(o->co.pid_file))) {
+  if (o->co.pid_file && !(s.pid_path = io_absolute_path(o->co.pid_file))) {
     log_error("pid file %s: %s", o->co.pid_file, strerror(errno));
     return 1;
   }

@@ -19,8 +19,6 @@
 #include "formats/formats.h"
 #include "frontend/vhost-user.h"
 
-#include "cli.h"
-#include "commands.h"
 #include "disk-ckpt.h"
 #include "options.h"
 

@@ -26,6 +26,7 @@
 
 #include "control.h"
 #include "error.h"
+#include "io.h"
 #include "log.h"
 #include "version.h"
 
@@ -445,16 +446,6 @@ static int listen_at(const char *path) {
   return fd;
 }
 
-static char *absolute(const char *path) {
-  if (path[0] == '/')
-    return strdup(path);
-  char cwd[4096];
-  if (!getcwd(cwd, sizeof cwd))
-    return NULL;
-  char *out;
-  return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
-}
-
 /* {"blockport":VERSION,"protocol":1,"verbs":[...]} */
 static int make_greeting(struct ctl_server *s) {
   struct ctl_answer *a = ctl_answer_new(NULL);
@@ -506,7 +497,7 @@ struct ctl_server *ctl_start(const char *path, const struct ctl_verb *verbs,
   if (check_verbs(verbs, n) < 0)
     return NULL;
   struct ctl_server *s = calloc(1, sizeof *s);
-  if (!s || !(s->path = absolute(path))) {
+  if (!s || !(s->path = io_absolute_path(path))) {
     free(s);
     bd_set_error("control socket: out of memory");
     return NULL;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -179,4 +180,14 @@ int io_dio_pwrite(int fd, const void *buf, size_t len, uint64_t off,
   if (b != buf)
     free(b);
   return r;
+}
+
+char *io_absolute_path(const char *path) {
+  if (path[0] == '/')
+    return strdup(path);
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd))
+    return NULL;
+  char *out;
+  return asprintf(&out, "%s/%s", cwd, path) < 0 ? NULL : out;
 }

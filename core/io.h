@@ -38,4 +38,9 @@ int io_dio_pread(int fd, void *buf, size_t len, uint64_t off, uint32_t mem);
 int io_dio_pwrite(int fd, const void *buf, size_t len, uint64_t off,
                   uint32_t mem);
 
+/* PATH made absolute against the current directory (a copy when it is
+ * already), so that a later chdir (a daemon's) cannot change what it
+ * names.  NULL when memory or getcwd() fails. */
+char *io_absolute_path(const char *path);
+
 #endif
