@@ -38,6 +38,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bitrun.h"
 #include "io.h"
 #include "log.h"
 #include "pool.h"
@@ -84,18 +85,8 @@ static bool cbm_bit(const struct cbm *b, uint64_t g) {
   return (cbm_word(b, g / 64) >> (g % 64)) & 1;
 }
 
-/* The first granule in (G, END) whose bit differs from SET, or END. */
-static uint64_t cbm_run_end(const struct cbm *b, uint64_t g, uint64_t end,
-                            bool set) {
-  uint64_t w = g / 64;
-  uint64_t v = (set ? ~cbm_word(b, w) : cbm_word(b, w)) & (~0ull << (g % 64));
-  while (v == 0) {
-    if (++w * 64 >= end)
-      return end;
-    v = set ? ~cbm_word(b, w) : cbm_word(b, w);
-  }
-  uint64_t n = w * 64 + (uint64_t)__builtin_ctzll(v);
-  return n < end ? n : end;
+static uint64_t cbm_word_of(const void *b, uint64_t w) {
+  return cbm_word(b, w);
 }
 
 static uint64_t cbm_count(const struct cbm *b) {
@@ -1058,7 +1049,7 @@ static int view_context_extents(struct bd *bd, size_t ctx, uint64_t len,
   uint64_t g = off >> lv->gshift;
   bool set = g < gend && cbm_bit(b, g);
   for (; off < end && g < gend; set = !set) {
-    uint64_t next = cbm_run_end(b, g, gend, set);
+    uint64_t next = bitrun_end(cbm_word_of, b, g, gend, set);
     uint64_t stop = next << lv->gshift;
     if (stop > end || next == gend)
       stop = end;

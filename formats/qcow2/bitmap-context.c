@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bitmap.h"
+#include "core/bitrun.h"
 #include "core/blockdev.h"
 #include "core/byteorder.h"
 #include "core/io.h"
@@ -201,18 +202,8 @@ static bool bit(const struct ctx_bitmap *b, uint64_t g) {
   return (word(b, g / 64) >> (g % 64)) & 1;
 }
 
-/* The first granule in (G, END) whose bit differs from G's, or END. */
-static uint64_t run_end(const struct ctx_bitmap *b, uint64_t g, uint64_t end,
-                        bool set) {
-  uint64_t w = g / 64;
-  uint64_t v = (set ? ~word(b, w) : word(b, w)) & (~0ull << (g % 64));
-  while (v == 0) {
-    if (++w * 64 >= end)
-      return end;
-    v = set ? ~word(b, w) : word(b, w);
-  }
-  uint64_t n = w * 64 + (uint64_t)__builtin_ctzll(v);
-  return n < end ? n : end;
+static uint64_t word_of(const void *b, uint64_t w) {
+  return word(b, w);
 }
 
 int qcow2_contexts_extents(const struct qcow2_contexts *c, size_t ctx,
@@ -228,7 +219,7 @@ int qcow2_contexts_extents(const struct qcow2_contexts *c, size_t ctx,
   bool set = g < gend && bit(b, g);
   /* Each run ends where the bit flips: the next one has the other value. */
   for (; off < end && g < gend; set = !set) {
-    uint64_t next = run_end(b, g, gend, set);
+    uint64_t next = bitrun_end(word_of, b, g, gend, set);
     uint64_t stop = next << b->gran_bits;
     if (stop > end || next == gend)
       stop = end;
