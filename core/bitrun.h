@@ -1,27 +1,27 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Runs of equal bits in a bitmap read one 64-bit word at a time: the
- * block status of dirty bitmaps (a checkpoint's, a qcow2 image's). */
+/* The block status of a dirty bitmap read one 64-bit word at a time (a
+ * checkpoint's, a qcow2 image's): runs of equal bits as extents. */
 #ifndef BLOCKPORT_BITRUN_H
 #define BLOCKPORT_BITRUN_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "blockdev.h"
+
 /* Word W of the bitmap B (bit G is bit G % 64 of word G / 64). */
 typedef uint64_t bitrun_word_fn(const void *b, uint64_t w);
 
 /* The first bit in (G, END) that is not SET (bit G itself is), or END. */
-static inline uint64_t bitrun_end(bitrun_word_fn *word, const void *b,
-                                  uint64_t g, uint64_t end, bool set) {
-  uint64_t w = g / 64;
-  uint64_t v = (set ? ~word(b, w) : word(b, w)) & (~0ull << (g % 64));
-  while (v == 0) {
-    if (++w * 64 >= end)
-      return end;
-    v = set ? ~word(b, w) : word(b, w);
-  }
-  uint64_t n = w * 64 + (uint64_t)__builtin_ctzll(v);
-  return n < end ? n : end;
-}
+uint64_t bitrun_end(bitrun_word_fn *word, const void *b, uint64_t g,
+                    uint64_t end, bool set);
+
+/* Extents of [OFF, OFF+LEN) for bitmap B of NBITS bits, each bit
+ * covering 2^GRAN_BITS bytes: BD_CTX_DIRTY where set, 0 where clear
+ * (depth 0), one run per extent, into EXT; only the first with
+ * BD_F_REQ_ONE in FLAGS.  Returns 0 or bd_extents_add()'s error. */
+int bitrun_extents(bitrun_word_fn *word, const void *b, uint64_t nbits,
+                   unsigned gran_bits, uint64_t len, uint64_t off,
+                   uint32_t flags, struct bd_extents *ext);
 
 #endif

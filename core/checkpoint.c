@@ -1043,23 +1043,8 @@ static int view_context_extents(struct bd *bd, size_t ctx, uint64_t len,
   if (ctx != 0 || !v->prev || !v->prev->bm)
     return -EINVAL;
   const struct cbm *b = v->prev->bm;
-  uint64_t end = off + len, gend = ((end - 1) >> lv->gshift) + 1;
-  if (gend > b->nbits)
-    gend = b->nbits;
-  uint64_t g = off >> lv->gshift;
-  bool set = g < gend && cbm_bit(b, g);
-  for (; off < end && g < gend; set = !set) {
-    uint64_t next = bitrun_end(cbm_word_of, b, g, gend, set);
-    uint64_t stop = next << lv->gshift;
-    if (stop > end || next == gend)
-      stop = end;
-    int r = bd_extents_add(ext, stop - off, set ? BD_CTX_DIRTY : 0, 0);
-    if (r != 0 || (flags & BD_F_REQ_ONE))
-      return r < 0 ? r : 0;
-    off = stop;
-    g = next;
-  }
-  return 0;
+  return bitrun_extents(cbm_word_of, b, b->nbits, lv->gshift, len, off, flags,
+                        ext);
 }
 
 /* Under the lock: forget checkpoint C when nothing needs it any more. */

@@ -198,9 +198,6 @@ static uint64_t word(const struct ctx_bitmap *b, uint64_t w) {
   return v;
 }
 
-static bool bit(const struct ctx_bitmap *b, uint64_t g) {
-  return (word(b, g / 64) >> (g % 64)) & 1;
-}
 
 static uint64_t word_of(const void *b, uint64_t w) {
   return word(b, w);
@@ -212,22 +209,6 @@ int qcow2_contexts_extents(const struct qcow2_contexts *c, size_t ctx,
   if (!c || ctx >= c->n)
     return -EINVAL;
   const struct ctx_bitmap *b = &c->v[ctx];
-  uint64_t end = off + len, gend = ((end - 1) >> b->gran_bits) + 1;
-  if (gend > b->nbits)
-    gend = b->nbits; /* the core keeps requests inside the image */
-  uint64_t g = off >> b->gran_bits;
-  bool set = g < gend && bit(b, g);
-  /* Each run ends where the bit flips: the next one has the other value. */
-  for (; off < end && g < gend; set = !set) {
-    uint64_t next = bitrun_end(word_of, b, g, gend, set);
-    uint64_t stop = next << b->gran_bits;
-    if (stop > end || next == gend)
-      stop = end;
-    int r = bd_extents_add(ext, stop - off, set ? BD_CTX_DIRTY : 0, 0);
-    if (r != 0 || (flags & BD_F_REQ_ONE))
-      return r < 0 ? r : 0;
-    off = stop;
-    g = next;
-  }
-  return 0;
+  return bitrun_extents(word_of, b, b->nbits, b->gran_bits, len, off, flags,
+                        ext);
 }
