@@ -273,7 +273,6 @@ struct ref {
   unsigned l2_bits;
   const uint8_t *data; /* where DATA runs read from */
   size_t data_size;
-  bool data_is_image;
   const uint8_t *backing; /* NULL: unallocated reads zeroes */
   size_t backing_size;
 };
@@ -308,14 +307,18 @@ static int ref_read(const struct ref *q, uint8_t *out, uint64_t len,
       uint64_t bitmap = q->g.extended_l2 ? word_at(q->d, q->size, pos + 8) : 0;
       if (qcow2_decode_l2(&q->g, entry, bitmap, in, (uint32_t)n, &run) < 0)
         return -EIO;
+      /* An external data file holds each cluster at its guest offset: an
+       * entry naming another one (allocated or not, as QEMU checks) is
+       * corrupt. */
+      uint64_t host = entry & QCOW2_OFFSET_MASK;
+      bool allocated = host || (entry & QCOW2_L2_COPIED);
+      if (q->g.data_file && allocated && host != cluster << q->h->cluster_bits)
+        return -EIO;
     }
     switch (run.kind) {
     case QCOW2_DATA:
-      if (q->data_is_image && run.host - in >= q->size)
-        return -EIO;
-      /* An external data file holds each cluster at its guest offset. */
-      if (q->g.data_file && run.host - in != cluster << q->h->cluster_bits)
-        return -EIO;
+      /* A data cluster past the end of the image file reads as zeroes,
+       * as QEMU's file layer pads it (copy_or_zero). */
       copy_or_zero(out, q->data, q->data_size, run.host, run.length);
       break;
     case QCOW2_COMPRESSED: {
@@ -440,8 +443,7 @@ static void open_real(const struct qcow2_header *h, const uint8_t *d,
                   .d = d,
                   .size = size,
                   .data = d,
-                  .data_size = size,
-                  .data_is_image = true};
+                  .data_size = size};
   q.l2_bits = h->cluster_bits - (q.g.extended_l2 ? 4 : 3);
   /* The reference knows the files we put next to the image. */
   bool comparable = true;
@@ -449,7 +451,6 @@ static void open_real(const struct qcow2_header *h, const uint8_t *d,
     if (!strcmp(h->data_file, "data.raw")) {
       q.data = datafile;
       q.data_size = sizeof datafile;
-      q.data_is_image = false;
     } else {
       comparable = false;
     }
