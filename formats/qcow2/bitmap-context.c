@@ -198,7 +198,6 @@ static uint64_t word(const struct ctx_bitmap *b, uint64_t w) {
   return v;
 }
 
-
 static uint64_t word_of(const void *b, uint64_t w) {
   return word(b, w);
 }
