@@ -83,6 +83,10 @@ static int live_device(const struct ckpt_host *h, const struct found *f,
                        struct ckpt_export **ep) {
   struct ckpt_export *e = find_export(f, name);
   *ep = e;
+  if (!e && !*name)
+    return ctl_fail(a, ENOENT,
+                    "no default export: name the export (checkpoint NAME "
+                    "EXPORT)");
   if (!e)
     return ctl_fail(a, ENOENT, "no export '%s'", name);
   if (e->is_view)
