@@ -569,12 +569,22 @@ _ceph_cleanup() {
 ceph_cluster_start() {
     require ceph-mon ceph-osd ceph-authtool monmaptool ceph rbd
     [[ -z $CEPH_DIR ]] || fail "ceph_cluster_start: a cluster is already running"
-    CEPH_DIR=$T/ceph
-    echo "+ ceph-cluster.sh start $CEPH_DIR $*" >&2
-    if ! "$_CEPH_SCRIPT" start "$CEPH_DIR" "$@" >"$T/ceph-start.out"; then
+    # A port found free can be taken by a parallel test before the
+    # monitor binds it ("Address already in use"): a new cluster, on new
+    # ports, is tried then, three times at most.
+    local attempt
+    for attempt in 1 2 3; do
+        CEPH_DIR=$T/ceph
+        echo "+ ceph-cluster.sh start $CEPH_DIR $*" >&2
+        "$_CEPH_SCRIPT" start "$CEPH_DIR" "$@" >"$T/ceph-start.out" && break
         tail -n 30 "$CEPH_DIR"/log/*.log >&2 2>/dev/null || true
-        fail "could not start a Ceph cluster"
-    fi
+        local raced=
+        grep -qs "Address already in use" "$CEPH_DIR"/log/*.log && raced=1
+        "$_CEPH_SCRIPT" stop "$CEPH_DIR" --keep >/dev/null 2>&1 || true
+        [[ -n $raced && $attempt -lt 3 ]] || fail "could not start a Ceph cluster"
+        mv "$CEPH_DIR" "$T/ceph.failed.$attempt"
+        echo "  Ceph cluster start $attempt lost a port race; again" >&2
+    done
     CEPH_POOL=$(<"$CEPH_DIR/pool")
     export CEPH_CONF=$CEPH_DIR/ceph.conf
 }
