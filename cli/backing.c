@@ -6,6 +6,7 @@
 #include "formats/qcow2/backing-path.h"
 
 #include "backing.h"
+#include "core/open.h"
 
 struct bd *cli_open_backing(const char *image, const char *name,
                             const char **fmt, char **path) {

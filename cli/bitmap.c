@@ -12,6 +12,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/open.h"
 #include "formats/qcow2/bitmap-edit.h"
 
 #include "cli.h"

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/error.h"
 #include "core/log.h"
 
 int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out) {
@@ -150,4 +151,10 @@ void cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_end(ap);
   }
   fprintf(stderr, "Try 'blockport %s --help'.\n", cmd);
+}
+
+int cli_built_without(const char *cmd, enum feature f) {
+  feature_missing(f);
+  cli_error(cmd, NULL, "%s", bd_errmsg());
+  return 1;
 }

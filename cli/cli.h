@@ -6,6 +6,8 @@
 #include <stdarg.h>
 #include <stdint.h>
 
+#include "core/features.h"
+
 /* A decimal number in [MIN, MAX].  Returns 0, or -1 when S is not one. */
 int cli_parse_uint(const char *s, unsigned min, unsigned max, unsigned *out);
 /* Write our pid to PATH atomically (a temporary file renamed over it), so a
@@ -29,6 +31,11 @@ int cli_parse_qemu_size(const char *s, uint64_t *out);
  * getopt has said it) and one line pointing at --help, on stderr. */
 void cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* What a command of a part left out of the build does (core/features.h):
+ * "blockport CMD: built without NAME" on stderr.  Returns 1, its exit
+ * status. */
+int cli_built_without(const char *cmd, enum feature f);
 
 /* S as a JSON string on stdout; bytes that are not UTF-8 become U+FFFD. */
 void cli_json_str(const char *s);

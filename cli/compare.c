@@ -12,6 +12,7 @@
 
 #include "core/blockdev.h"
 #include "core/byteorder.h"
+#include "core/open.h"
 #include "formats/map.h"
 
 #include "cli.h"

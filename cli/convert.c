@@ -15,6 +15,7 @@
 
 #include "core/blockdev.h"
 #include "core/filelock.h"
+#include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "formats/qcow2/create.h"
@@ -213,7 +214,7 @@ static void slot_done(struct bd_req *req, int err) {
   if (err < 0 && cp->err == 0) {
     cp->err = err;
     cli_error("convert", NULL, "%s at offset %llu: %s", phase_name(s->phase),
-              (unsigned long long)req->offset, bd_errmsg());
+              (unsigned long long)req->offset, req->errmsg);
   }
   if (err == 0)
     cp->done += s->len;

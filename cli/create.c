@@ -13,6 +13,7 @@
 
 #include "core/blockdev.h"
 #include "core/filelock.h"
+#include "core/open.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
 #include "formats/rbd-admin.h"
@@ -187,23 +188,20 @@ static int check_backing(struct create_args *a) {
   /* The backing file as opened: relative to the new image's directory. */
   char *path = qcow2_backing_path(a->file, a->o.backing);
   if (!path) {
-    fprintf(stderr, "blockport create: out of memory\n");
+    cli_error("create", NULL, "out of memory");
     return -1;
   }
   struct stat bst, fst;
   if (stat(path, &bst) == 0 && stat(a->file, &fst) == 0 &&
       bst.st_dev == fst.st_dev && bst.st_ino == fst.st_ino) {
-    fprintf(stderr,
-            "blockport create: %s: the image cannot be its own backing "
-            "file\n",
-            a->file);
+    cli_error("create", a->file, "the image cannot be its own backing file");
     free(path);
     return -1;
   }
   if (a->unsafe) {
     free(path);
     if (!a->o.has_size) {
-      fprintf(stderr, "blockport create: -u needs a size\n");
+      cli_error("create", NULL, "-u needs a size");
       return -1;
     }
     return 0;
@@ -212,8 +210,8 @@ static int check_backing(struct create_args *a) {
   struct bd *b =
       cli_open_backing(a->file, a->o.backing, &a->o.backing_fmt, &path);
   if (!b) {
-    fprintf(stderr, "blockport create: cannot open backing file %s: %s\n",
-            path ? path : a->o.backing, bd_errmsg());
+    cli_error("create", NULL, "cannot open backing file %s: %s",
+              path ? path : a->o.backing, bd_errmsg());
     free(path);
     return -1;
   }

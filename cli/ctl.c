@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/control.h"
+#include "core/unix-socket.h"
 
 #include "cli.h"
 #include "commands.h"
@@ -137,12 +138,9 @@ static int send_all(struct conn *c, const char *buf, size_t len) {
 }
 
 static int connect_to(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (strlen(path) >= sizeof sa.sun_path) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  strcpy(sa.sun_path, path);
+  struct sockaddr_un sa;
+  if (!unix_socket_addr(path, &sa))
+    return -1; /* errno ENAMETOOLONG */
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;

@@ -18,6 +18,7 @@
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/io.h"
+#include "core/open.h"
 #include "formats/formats.h"
 #include "formats/probe.h"
 #include "formats/qcow2/qcow2.h"
@@ -459,7 +460,15 @@ static void print_json(const struct image *im, const char *ind) {
          ind);
 }
 
-int info_main(int argc, char **argv) {
+/* The command line of info. */
+struct info_args {
+  const char *format;
+  bool json, chain;
+  const char *path;
+};
+
+/* Returns -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct info_args *a) {
   static const struct option longopts[] = {
       {"format", required_argument, NULL, 'f'},
       {"json", no_argument, NULL, 'j'},
@@ -468,8 +477,6 @@ int info_main(int argc, char **argv) {
       {"force-share", no_argument, NULL, 'U'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  const char *format = NULL;
-  bool json = false, chain = false;
   int ch;
   while ((ch = getopt_long(argc, argv, "f:Uh", longopts, NULL)) != -1) {
     switch (ch) {
@@ -478,17 +485,17 @@ int info_main(int argc, char **argv) {
         cli_error("info", NULL, "unknown format '%s'", optarg);
         return 1;
       }
-      format = optarg;
+      a->format = optarg;
       break;
-    case 'j': json = true; break;
+    case 'j': a->json = true; break;
     case 'O':
       if (strcmp(optarg, "json") && strcmp(optarg, "human")) {
         cli_error("info", NULL, "--output is human or json");
         return 1;
       }
-      json = !strcmp(optarg, "json");
+      a->json = !strcmp(optarg, "json");
       break;
-    case 'B': chain = true; break;
+    case 'B': a->chain = true; break;
     case 'U': force_share = true; break;
     case 'h': fputs(info_usage, stdout); return 0;
     default: cli_usage_error("info", NULL); return 1;
@@ -500,7 +507,77 @@ int info_main(int argc, char **argv) {
                                    : "more than one image given");
     return 1;
   }
+  a->path = argv[optind];
+  return -1;
+}
 
+/* The backing file of IMS[N-1], the last image read: its format into
+ * *FORMAT, NULL (said) when it cannot be followed. */
+static const char *next_backing(const struct image *ims, int n,
+                                const char **format) {
+  const struct image *im = &ims[n - 1];
+  *format = im->q.backing_format[0] ? im->q.backing_format : NULL;
+  if (*format && strcmp(*format, "raw") && strcmp(*format, "qcow2")) {
+    cli_error("info", im->filename, "backing format '%s' is not supported",
+              *format);
+    return NULL;
+  }
+  const char *path = im->full_backing;
+  struct stat st;
+  bool loop = false;
+  if (stat(path, &st) == 0)
+    for (int i = 0; i < n; i++)
+      loop |= ims[i].dev == st.st_dev && ims[i].ino == st.st_ino;
+  if (loop || n >= MAX_CHAIN) {
+    cli_error("info", im->filename, "%s",
+              loop ? "backing file loop" : "backing chain is too deep");
+    return NULL;
+  }
+  return path;
+}
+
+/* The image, and with --backing-chain its backing files, into IMS (*N of
+ * them, to free whatever happens).  Returns 0, or 1 (said). */
+static int read_chain(const struct info_args *a, struct image *ims, int *n) {
+  const char *format = a->format, *path = a->path;
+  for (;;) {
+    struct image *im = &ims[*n];
+    int r = read_image(path, format, im);
+    (*n)++;
+    if (r < 0) {
+      cli_error("info", path, "%s", bd_errmsg());
+      return 1;
+    }
+    if (!a->chain || !im->q.backing)
+      return 0;
+    if (!(path = next_backing(ims, *n, &format)))
+      return 1;
+  }
+}
+
+static void print_chain(const struct info_args *a, const struct image *ims,
+                        int n) {
+  if (a->json && a->chain)
+    printf("[\n");
+  for (int i = 0; i < n; i++) {
+    if (a->json) {
+      print_json(&ims[i], a->chain ? "    " : "");
+      printf("%s\n", a->chain && i + 1 < n ? "," : "");
+    } else {
+      if (i)
+        printf("\n");
+      print_human(&ims[i]);
+    }
+  }
+  if (a->json && a->chain)
+    printf("]\n");
+}
+
+int info_main(int argc, char **argv) {
+  struct info_args a = {0};
+  int ret = parse_args(argc, argv, &a);
+  if (ret >= 0)
+    return ret;
   /* Read the whole chain first, so a corrupt image prints nothing but the
    * error. */
   struct image *ims = calloc(MAX_CHAIN, sizeof *ims);
@@ -508,55 +585,10 @@ int info_main(int argc, char **argv) {
     cli_error("info", NULL, "out of memory");
     return 1;
   }
-  int n = 0, ret = 0;
-  const char *path = argv[optind];
-  for (;;) {
-    struct image *im = &ims[n];
-    int r = read_image(path, format, im);
-    n++;
-    if (r < 0) {
-      cli_error("info", path, "%s", bd_errmsg());
-      ret = 1;
-      break;
-    }
-    if (!chain || !im->q.backing)
-      break;
-    format = im->q.backing_format[0] ? im->q.backing_format : NULL;
-    if (format && strcmp(format, "raw") && strcmp(format, "qcow2")) {
-      cli_error("info", im->filename, "backing format '%s' is not supported",
-                format);
-      ret = 1;
-      break;
-    }
-    path = im->full_backing;
-    struct stat st;
-    bool loop = false;
-    if (stat(path, &st) == 0)
-      for (int i = 0; i < n; i++)
-        loop |= ims[i].dev == st.st_dev && ims[i].ino == st.st_ino;
-    if (loop || n >= MAX_CHAIN) {
-      cli_error("info", im->filename, "%s",
-                loop ? "backing file loop" : "backing chain is too deep");
-      ret = 1;
-      break;
-    }
-  }
-  if (ret == 0) {
-    if (json && chain)
-      printf("[\n");
-    for (int i = 0; i < n; i++) {
-      if (json) {
-        print_json(&ims[i], chain ? "    " : "");
-        printf("%s\n", chain && i + 1 < n ? "," : "");
-      } else {
-        if (i)
-          printf("\n");
-        print_human(&ims[i]);
-      }
-    }
-    if (json && chain)
-      printf("]\n");
-  }
+  int n = 0;
+  ret = read_chain(&a, ims, &n);
+  if (ret == 0)
+    print_chain(&a, ims, n);
   for (int i = 0; i < n; i++)
     free_image(&ims[i]);
   free(ims);

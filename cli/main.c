@@ -6,6 +6,8 @@
 
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/features.h"
+#include "core/open.h"
 #include "core/version.h"
 #include "formats/registry.h"
 
@@ -40,6 +42,26 @@ static void usage(FILE *f) {
   fputs("\n  blockport --version | --help\n", f);
 }
 
+/* The optional parts (core/features.h) that were built in, or not, on
+ * one line after LABEL; none: no line. */
+static void print_features(const char *label, bool built) {
+  const char *sep = label;
+  for (int f = 0; f < FEATURE_COUNT; f++)
+    if (feature_built(f) == built) {
+      printf("%s %s", sep, feature_id(f));
+      sep = "";
+    }
+  if (sep != label)
+    putchar('\n');
+}
+
+static int print_version(void) {
+  printf("blockport %s\n", BLOCKPORT_VERSION);
+  print_features("built with:", true);
+  print_features("built without:", false);
+  return 0;
+}
+
 /* --version among a command's options (before any "--"). */
 static bool asks_version(int argc, char **argv) {
   for (int i = 1; i < argc && strcmp(argv[i], "--"); i++)
@@ -49,10 +71,8 @@ static bool asks_version(int argc, char **argv) {
 }
 
 static int run_command(const struct command *c, int argc, char **argv) {
-  if (asks_version(argc, argv)) {
-    printf("blockport %s\n", BLOCKPORT_VERSION);
-    return 0;
-  }
+  if (asks_version(argc, argv))
+    return print_version();
   /* getopt names the program by argv[0] in its messages. */
   char name[64];
   snprintf(name, sizeof name, "blockport %s", c->name);
@@ -71,10 +91,8 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
-  if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
-    printf("blockport %s\n", BLOCKPORT_VERSION);
-    return 0;
-  }
+  if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V"))
+    return print_version();
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     if (!strcmp(cmd, commands[i].name))
       return run_command(&commands[i], argc - 1, argv + 1);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "formats/map.h"
 
 #include "cli.h"

@@ -2,7 +2,7 @@
 /* blockport mount: a disk image or NBD export as a file (or a directory of
  * the disk and its partitions) through FUSE.  The command line, the daemon
  * that returns once the mount is live, signals, and the order of shutdown;
- * the file system itself is frontend/fuse.c. */
+ * the file system itself is frontend/fuse-mount.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -18,8 +18,10 @@
 #include "cli.h"
 #include "commands.h"
 #include "core/blockdev.h"
+#include "core/hex.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "frontend/fuse-mount.h"
@@ -90,16 +92,6 @@ struct mount_state {
 
 /* ---- the disk file's name ---- */
 
-static int hexval(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 /* The export name of an NBD URI: its path, percent-decoded, without the
  * leading '/'; slashes become '_'. */
 static char *export_name(const char *uri) {
@@ -113,10 +105,9 @@ static char *export_name(const char *uri) {
   if (!out)
     return NULL;
   for (size_t i = 0; i < n; i++) {
-    int hi, lo;
-    if (p[i] == '%' && i + 2 < n && (hi = hexval(p[i + 1])) >= 0 &&
-        (lo = hexval(p[i + 2])) >= 0) {
-      *q++ = (char)(hi * 16 + lo);
+    int byte;
+    if (p[i] == '%' && i + 2 < n && (byte = hex_byte(p + i + 1)) >= 0) {
+      *q++ = (char)byte;
       i += 2;
     } else {
       *q++ = p[i];

@@ -14,6 +14,7 @@
 #include "formats/formats.h"
 
 #include "cli.h"
+#include "core/open.h"
 
 /* getopt values of the shared options without a short form. */
 enum {
@@ -224,6 +225,11 @@ static int aio_mode(struct cli_common *c, const struct shared_opt *t,
                     const char *arg) {
   if (bd_aio_parse(arg, &c->open.aio) < 0)
     return bad(c, t, arg, "io_uring or threads");
+  if (c->open.aio == BD_AIO_IO_URING && !feature_built(FEATURE_IO_URING)) {
+    feature_missing(FEATURE_IO_URING);
+    cli_error(c->cmd, NULL, "--aio io_uring: %s", bd_errmsg());
+    return -1;
+  }
   return 1;
 }
 

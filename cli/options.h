@@ -14,6 +14,7 @@
 
 #include "core/blockdev.h"
 #include "core/checkpoint.h"
+#include "core/open.h"
 
 /* Groups of shared options, a bit each. */
 enum {

@@ -10,6 +10,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/open.h"
 
 #include "cli.h"
 #include "commands.h"

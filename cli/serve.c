@@ -225,7 +225,7 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case OPT_FORK: c->run.fork = true; return 1;
   case OPT_METRICS: {
     char host[256], mport[8];
-    if (!metrics_parse_addr(arg, host, sizeof host, mport, sizeof mport))
+    if (!metrics_http_parse_addr(arg, host, sizeof host, mport, sizeof mport))
       return bad("--metrics", arg, "ADDR:PORT");
     o->metrics = arg;
     return 1;

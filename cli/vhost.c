@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
 #include "frontend/vhost-user.h"

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 #include "blockdev.h"
+#include "source.h"
 
 #include <ctype.h>
 #include <errno.h>
-#include <poll.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,29 +384,28 @@ int bd_close(struct bd *bd) {
 
 /* ---- connections ---- */
 
-static bool peer_gone(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-  return fd >= 0 && poll(&p, 1, 0) > 0 &&
-         (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
-/* BD_CONC_SERIALIZE_CONNS: wait until no other connection is open.  The
- * wait ends early when the client hangs up (or the server shuts its
- * socket down). Called with conn_lock held. */
-static int wait_conn_slot(struct bd *bd, int peer_fd) {
+/* BD_CONC_SERIALIZE_CONNS: wait until no other connection is open, at most
+ * WAIT_MS, or until C is cancelled.  Called with conn_lock held. */
+static int wait_conn_slot(struct bd *bd, struct bd_conn *c, unsigned wait_ms) {
+  struct timespec end;
+  clock_gettime(CLOCK_REALTIME, &end);
+  end.tv_sec += wait_ms / 1000;
+  end.tv_nsec += (long)(wait_ms % 1000) * 1000000;
+  if (end.tv_nsec >= 1000000000) {
+    end.tv_sec++;
+    end.tv_nsec -= 1000000000;
+  }
   while (bd->nconns > 0) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
-    pthread_cond_timedwait(&bd->conn_cond, &bd->conn_lock, &ts);
-    if (bd->nconns > 0 && peer_gone(peer_fd)) {
+    if (atomic_load(&c->cancelled)) {
       bd_set_error("the client left while waiting for the connection "
                    "before it to close");
-      return -ECONNRESET;
+      return -ECANCELED;
+    }
+    if (pthread_cond_timedwait(&bd->conn_cond, &bd->conn_lock, &end) ==
+            ETIMEDOUT &&
+        bd->nconns > 0) {
+      bd_set_error("waiting for the connection before it to close");
+      return -ETIMEDOUT;
     }
   }
   return 0;
@@ -421,33 +421,72 @@ static void *source_conn_open(struct bd *bd, const struct bd_conn_params *p) {
   return priv;
 }
 
-struct bd_conn *bd_conn_open_peer(struct bd *bd, const char *export_name,
-                                  bool readonly, int peer_fd) {
+struct bd_conn *bd_conn_prepare(struct bd *bd, const char *export_name,
+                                bool readonly, int peer_fd) {
   struct bd_conn *c = calloc(1, sizeof *c);
-  if (!c) {
+  if (c)
+    c->export_name = strdup(export_name ? export_name : "");
+  if (!c || !c->export_name) {
+    free(c);
     bd_set_error("out of memory");
     return NULL;
   }
   c->bd = bd;
+  c->readonly = readonly;
+  c->peer_fd = peer_fd;
+  atomic_init(&c->cancelled, false);
   pthread_mutex_init(&c->lock, NULL);
-  if (!bd->ops->conn_open)
-    return c;
-  struct bd_conn_params p = {export_name ? export_name : "", readonly, peer_fd};
+  return c;
+}
+
+/* Gives back the slot C held while the source opened it. */
+static void release_slot(struct bd *bd) {
   pthread_mutex_lock(&bd->conn_lock);
-  int r = bd->conc == BD_CONC_SERIALIZE_CONNS ? wait_conn_slot(bd, peer_fd) : 0;
+  bd->nconns--;
+  pthread_cond_broadcast(&bd->conn_cond);
+  pthread_mutex_unlock(&bd->conn_lock);
+}
+
+int bd_conn_start(struct bd *bd, struct bd_conn *c, unsigned wait_ms) {
+  if (atomic_load(&c->cancelled)) {
+    bd_set_error("the client is gone");
+    return -ECANCELED;
+  }
+  if (!bd->ops->conn_open || c->started)
+    return 0;
+  pthread_mutex_lock(&bd->conn_lock);
+  int r =
+      bd->conc == BD_CONC_SERIALIZE_CONNS ? wait_conn_slot(bd, c, wait_ms) : 0;
   if (r == 0)
     bd->nconns++; /* holds the slot while the source opens */
   pthread_mutex_unlock(&bd->conn_lock);
-  if (r == 0 && !(c->priv = source_conn_open(bd, &p))) {
-    pthread_mutex_lock(&bd->conn_lock);
-    bd->nconns--;
-    pthread_cond_broadcast(&bd->conn_cond);
-    pthread_mutex_unlock(&bd->conn_lock);
-    r = -1;
+  if (r < 0)
+    return r;
+  struct bd_conn_params p = {c->export_name, c->readonly, c->peer_fd};
+  if (!(c->priv = source_conn_open(bd, &p))) {
+    release_slot(bd);
+    return -EIO;
   }
-  if (r < 0) {
-    pthread_mutex_destroy(&c->lock);
-    free(c);
+  c->started = true;
+  return 0;
+}
+
+void bd_conn_cancel(struct bd *bd, struct bd_conn *c) {
+  if (!c || atomic_exchange(&c->cancelled, true))
+    return;
+  /* Wake a bd_conn_start() waiting for the slot. */
+  pthread_mutex_lock(&bd->conn_lock);
+  pthread_cond_broadcast(&bd->conn_cond);
+  pthread_mutex_unlock(&bd->conn_lock);
+  if (bd->ops->cancel)
+    bd->ops->cancel(bd, c);
+}
+
+struct bd_conn *bd_conn_open_peer(struct bd *bd, const char *export_name,
+                                  bool readonly, int peer_fd) {
+  struct bd_conn *c = bd_conn_prepare(bd, export_name, readonly, peer_fd);
+  if (c && bd_conn_start(bd, c, UINT_MAX) < 0) {
+    bd_conn_close(bd, c);
     return NULL;
   }
   return c;
@@ -461,7 +500,7 @@ struct bd_conn *bd_conn_open(struct bd *bd, const char *export_name,
 void bd_conn_close(struct bd *bd, struct bd_conn *c) {
   if (!c)
     return;
-  if (bd->ops->conn_open) {
+  if (c->started) {
     bool serial = bd->conc >= BD_CONC_SERIALIZE;
     if (serial)
       pthread_mutex_lock(&bd->serial_lock);
@@ -469,12 +508,10 @@ void bd_conn_close(struct bd *bd, struct bd_conn *c) {
       bd->ops->conn_close(bd, c->priv);
     if (serial)
       pthread_mutex_unlock(&bd->serial_lock);
-    pthread_mutex_lock(&bd->conn_lock);
-    bd->nconns--;
-    pthread_cond_broadcast(&bd->conn_cond);
-    pthread_mutex_unlock(&bd->conn_lock);
+    release_slot(bd);
   }
   pthread_mutex_destroy(&c->lock);
+  free(c->export_name);
   free(c);
 }
 
@@ -650,13 +687,29 @@ static pthread_mutex_t *serial_lock(struct bd *bd, struct bd_conn *c) {
   return &bd->serial_lock;
 }
 
+/* Whether REQ's connection was cancelled (its client is gone), with the
+ * request's message saying so. */
+bool bd_req_cancelled(const struct bd_req *req) {
+  return req->conn && atomic_load(&req->conn->cancelled);
+}
+
+static bool conn_cancelled(struct bd_req *req) {
+  if (!bd_req_cancelled(req))
+    return false;
+  bd_req_set_error(req, "cancelled: the client is gone");
+  return true;
+}
+
 /* Run one request in the calling thread: validation, the connection,
  * serialisation, the operation, then FUA emulated by a flush where the
  * source asks. */
 int bd_execute(struct bd *bd, struct bd_req *req) {
+  bd_clear_error(); /* what bd_complete() then finds is this request's */
   int r = check_request(bd, req);
   if (r < 0)
     return r;
+  if (conn_cancelled(req))
+    return -ECANCELED; /* queued before its client left */
   if (req->length == 0 && req->cmd != BD_FLUSH)
     return 0;
   struct bd_conn *c = req->conn;
@@ -687,6 +740,7 @@ static void submit_pooled(struct bd *bd, struct bd_req *req) {
     bd_pool_queue(req);
     return;
   }
+  bd_clear_error();
   int r = check_request(bd, req);
   bool rw = req->cmd == BD_READ || req->cmd == BD_WRITE;
   if (r == 0 && req->length == 0 && req->cmd != BD_FLUSH)
@@ -696,20 +750,25 @@ static void submit_pooled(struct bd *bd, struct bd_req *req) {
   else if (r == 0)
     r = -EAGAIN;
   if (r != -EAGAIN) {
-    req->done(req, r);
+    bd_complete(req, r);
     return;
   }
   r = ops->submit_async ? ops->submit_async(bd, req) : -EAGAIN;
   if (r == -EAGAIN)
     bd_pool_queue(req);
   else if (r < 0)
-    req->done(req, r); /* 0: started, the source completes it */
+    bd_complete(req, r); /* 0: started, the source completes it */
 }
 
 void bd_submit(struct bd *bd, struct bd_req *req) {
   req->bd = bd;
+  req->errmsg[0] = 0;
+  if (conn_cancelled(req)) {
+    bd_complete(req, -ECANCELED);
+    return;
+  }
   if (apply_cache_mode(bd, req)) {
-    req->done(req, 0);
+    bd_complete(req, 0);
     return;
   }
   if (disk_wants(bd, req)) {
@@ -719,16 +778,16 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
   req->flags &= ~BD_F_ALIGNED;
   if (req->cmd == BD_BLOCK_STATUS && req->context && bd->caps.contexts_nowait &&
       bd->exec == BD_EXEC_POOL) {
-    req->done(req, bd_execute(bd, req));
+    bd_complete(req, bd_execute(bd, req));
     return;
   }
   switch (bd->exec) {
-  case BD_EXEC_INLINE: req->done(req, bd_execute(bd, req)); return;
+  case BD_EXEC_INLINE: bd_complete(req, bd_execute(bd, req)); return;
   case BD_EXEC_POOL: submit_pooled(bd, req); return;
   case BD_EXEC_ASYNC: {
     int r = check_request(bd, req);
     if (r < 0)
-      req->done(req, r);
+      bd_complete(req, r);
     else
       bd->ops->submit(bd, req);
     return;
@@ -736,7 +795,21 @@ void bd_submit(struct bd *bd, struct bd_req *req) {
   }
 }
 
+void bd_req_set_error(struct bd_req *req, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(req->errmsg, sizeof req->errmsg, fmt, ap);
+  va_end(ap);
+}
+
 void bd_complete(struct bd_req *req, int err) {
+  if (err < 0) {
+    if (!req->errmsg[0])
+      snprintf(req->errmsg, sizeof req->errmsg, "%s",
+               bd_error_is_set() ? bd_errmsg() : strerror(-err));
+    /* For done() callbacks that still read the thread's message. */
+    bd_set_error("%s", req->errmsg);
+  }
   req->done(req, err);
 }
 
@@ -806,15 +879,10 @@ struct sync_req {
   pthread_cond_t cond;
   bool done;
   int err;
-  pthread_t waiter;
-  char msg[1024]; /* a failure's message, when another thread completed */
 };
 
 static void sync_done(struct bd_req *req, int err) {
   struct sync_req *s = (struct sync_req *)req;
-  /* The message is the completing thread's: carry it to the waiter. */
-  if (err < 0 && !pthread_equal(pthread_self(), s->waiter))
-    snprintf(s->msg, sizeof s->msg, "%s", bd_errmsg());
   pthread_mutex_lock(&s->lock);
   s->done = true;
   s->err = err;
@@ -867,7 +935,7 @@ int bd_run(struct bd *bd, struct bd_req *req) {
   req->flags &= ~BD_F_ALIGNED;
   if (bd->exec != BD_EXEC_ASYNC)
     return bd_execute(bd, req);
-  struct sync_req s = {.req = *req, .done = false, .waiter = pthread_self()};
+  struct sync_req s = {.req = *req, .done = false};
   pthread_mutex_init(&s.lock, NULL);
   pthread_cond_init(&s.cond, NULL);
   s.req.done = sync_done;
@@ -878,8 +946,8 @@ int bd_run(struct bd *bd, struct bd_req *req) {
   pthread_mutex_unlock(&s.lock);
   pthread_cond_destroy(&s.cond);
   pthread_mutex_destroy(&s.lock);
-  if (s.msg[0])
-    bd_set_error("%s", s.msg);
+  if (s.err < 0) /* the request's message, for this thread's caller */
+    bd_set_error("%s", s.req.errmsg);
   return s.err;
 }
 

@@ -1,25 +1,37 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport: the block-device interface at the centre of the program.
  *
- * Every source (raw file, null, memory, and later qcow2, an NBD URI, an nbdkit
- * plugin) is a struct bd; every front end (NBD server, FUSE, vhost-user-blk,
- * the image tools) talks only to struct bd.  A front end never knows which
- * format it reads; a source never knows who asked.
+ * Three headers make the seam: this one is for users of an opened device
+ * (front ends and tools: requests, connections, events); core/open.h opens
+ * one by name; core/source.h is what a source implements.
+ *
+ * Every source (raw and qcow2 files, null, memory, an NBD URI, a Ceph RBD
+ * image, an nbdkit plugin; formats/) is a struct bd, opened through the
+ * format table a program installs (bd_formats_install()); every front end
+ * (the NBD server, FUSE, vhost-user-blk, the image tools) talks only to
+ * struct bd.  A front end never knows which format it reads; a source never
+ * knows who asked.
  *
  * Contract
  * --------
  * - bd_submit() is asynchronous: the request's done() callback is called
  *   exactly once, either before bd_submit() returns (sources that complete
- *   inline, such as null and memory) or later on a worker thread.  done() may
- *   run on any thread and must not block for long.
+ *   inline, such as null and memory, and page-cache hits of try_nowait())
+ *   or later on whatever thread finishes it: a pool worker, an io_uring
+ *   reaper or the submitting poller thread (bd_poller_run()), the NBD
+ *   source's own thread.  done() may run on any thread and must not block
+ *   for long.
  * - Many threads may call bd_submit() on the same bd at once.  The core
  *   serialises requests only as much as the source's concurrency asks.
  * - Requests are validated by the core (range inside the device, flags
  *   supported, writes on a read-only device); a front end should still
  *   validate first to give its protocol's precise error.
- * - Errors are negative errno values.  A human-readable message for the last
- *   failure on the calling thread is available from bd_errmsg(); done()
- *   receives the errno only.
+ * - Errors travel with the request: done() receives a negative errno, and
+ *   the request's own message is in bd_req.errmsg (whichever thread
+ *   completed it, and however many other requests failed at the same
+ *   time).  Calls that do not take a request (opening, bd_run() and the
+ *   synchronous conveniences) leave their message in the calling thread's
+ *   bd_errmsg() (core/error.h): one convention per kind of call.
  * - Offsets and lengths are 64-bit everywhere.
  * - Writes that completed (done() called with 0) before a BD_FLUSH is
  *   submitted are durable when that flush completes, whichever thread or
@@ -144,32 +156,10 @@ enum bd_exec {
 
 struct bd;
 struct bd_req;
+struct bd_ops;
+struct bd_conn; /* opaque to users: see bd_conn_open() */
 struct bd_export_list;
 
-/* Per-connection state.  A source with conn_open() (an nbdkit plugin opens
- * a handle per client connection) keeps state per connection of a front
- * end: the NBD server opens one per client connection when transmission
- * starts, FUSE and vhost one at start.  Requests name their connection in
- * bd_req.conn; a request with conn == NULL uses a default connection the
- * core opens on first use (for tools like convert).  A front end uses
- * either its own connections or the default one, not both.  What a device
- * advertises (size, caps) is fixed when it is opened, from the source's
- * first handle, even if a source could answer differently per connection.
- * Sources without conn_open() ignore all this. */
-struct bd_conn_params {
-  const char *export_name; /* as the client asked for it ("" by default) */
-  bool readonly;           /* the front end forces read-only */
-  int peer_fd;             /* the client's socket, or -1 */
-};
-
-struct bd_conn {
-  struct bd *bd;
-  void *priv;           /* the source's state: conn_open()'s result */
-  pthread_mutex_t lock; /* serialises BD_CONC_SERIALIZE_CONN requests */
-};
-
-/* Operations of a source.  The synchronous ones return 0 or -errno and may
- * record a message with bd_set_error().  Unsupported operations are NULL. */
 /* How bd_resize() fills the space it adds (qemu-img's --preallocation). */
 enum bd_prealloc {
   BD_PREALLOC_OFF,      /* nothing: reads as zeroes, takes no space */
@@ -179,93 +169,6 @@ enum bd_prealloc {
 };
 /* "off", "metadata", "falloc", "full".  Returns 0 or -EINVAL. */
 int bd_prealloc_parse(const char *name, enum bd_prealloc *out);
-
-struct bd_ops {
-  const char *name;
-  int (*pread)(struct bd *bd, void *buf, uint64_t len, uint64_t off);
-  int (*pwrite)(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
-                uint32_t flags);
-  int (*flush)(struct bd *bd);
-  int (*trim)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
-  int (*zero)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags);
-  int (*cache)(struct bd *bd, uint64_t len, uint64_t off);
-  int (*extents)(struct bd *bd, uint64_t len, uint64_t off, uint32_t flags,
-                 struct bd_extents *ext);
-  /* Optional: block status of named context CTX (0-based index into
-   * bd->contexts), as extents() with each extent's flags the value. */
-  int (*context_extents)(struct bd *bd, size_t ctx, uint64_t len, uint64_t off,
-                         uint32_t flags, struct bd_extents *ext);
-  /* Optional, BD_EXEC_POOL sources: try a read or write in the submitting
-   * thread when it needs no device I/O (say, from the page cache), taking
-   * microseconds.  Returns -EAGAIN when it would wait for the device, and
-   * the core queues the request to the pool. */
-  int (*try_nowait)(struct bd *bd, struct bd_req *req);
-  /* Optional, BD_EXEC_POOL sources: start REQ without the pool (io_uring,
-   * core/uring.h) and complete it later with bd_complete().  Returns 0
-   * when started, or -EAGAIN, and the core queues it to the pool. */
-  int (*submit_async)(struct bd *bd, struct bd_req *req);
-  /* BD_EXEC_ASYNC sources only: start the request, call bd_complete(). */
-  void (*submit)(struct bd *bd, struct bd_req *req);
-  void (*close)(struct bd *bd);
-  /* Optional, per-connection state (see struct bd_conn).  conn_open()
-   * returns the state or NULL with bd_set_error(); operations find it with
-   * bd_conn_current(). */
-  void *(*conn_open)(struct bd *bd, const struct bd_conn_params *p);
-  void (*conn_close)(struct bd *bd, void *priv);
-  /* Optional: the export names the source offers (NBD_OPT_LIST), with
-   * descriptions (NULL for none).  Returns 0 or -errno. */
-  int (*list_exports)(struct bd *bd, bool readonly, struct bd_export_list *l);
-  /* Optional, sources on files: drop (HOLD false) or take back (HOLD true,
-   * without testing others) the image locks of the files (see
-   * bd_hold_locks()). */
-  void (*hold_locks)(struct bd *bd, bool hold);
-  /* Optional: where the bytes [off, off+len) lie in a host file as they
-   * are, as far as they do contiguously: the descriptor, the offset there
-   * and how many bytes (*n <= len).  -ENOTSUP where they do not (zeroes,
-   * compressed, in a backing file, not a file).  For bd_copy_range(). */
-  int (*host_range)(struct bd *bd, uint64_t off, uint64_t len, int *fd,
-                    uint64_t *host, uint64_t *n);
-  /* Optional, writable sources: change the virtual size to SIZE (see
-   * bd_resize()). */
-  int (*resize)(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
-  /* Optional, persistent dirty bitmaps a writer starts and stops (a
-   * checkpoint's, core/checkpoint.h); a source without them keeps none
-   * and its user keeps bitmaps in memory.  Each returns 0 or -errno with
-   * bd_set_error().
-   *
-   * bitmap_resume(): at a fresh opening, the bitmap a previous user
-   * started last and that still records: the last enabled bitmap in the
-   * source's order of creation, when it is consistent (stored by a clean
-   * close), its name in *NAME (malloc'd).  -ENOENT when there is none
-   * (none enabled, or the last one inconsistent: a crash); any other
-   * error (-EROFS, -ENOTSUP: an image that cannot store bitmaps) means
-   * this opening keeps none, and the other three must not be called.
-   * The rule cannot tell a checkpoint's bitmap from a user's own enabled
-   * one created after it: that one is taken for it.
-   *
-   * bitmap_start(): a new bitmap NAME of GRANULARITY bytes (a power of two,
-   * 512 B to 2 GiB), empty, recording every write, zero and trim from now
-   * on, on disk before it returns (marked in use, so that a crash leaves it
-   * inconsistent, never silently wrong); its bits are stored at close.
-   * -EEXIST when the source has a bitmap NAME; the source's limits (name
-   * length, number of bitmaps) refuse others.  Only with no write, zero
-   * or trim in flight.
-   *
-   * bitmap_enable(): NAME records writes (ON) or stops recording them (its
-   * bits so far kept, and stored at close).  Only with no write in
-   * flight.  -ENOENT when NAME is not a bitmap this opening keeps.
-   *
-   * bitmap_bits(): the bits of NAME, as stored and set since, reported as
-   * byte ranges of the device [OFF, OFF+LEN) whose every byte a set bit
-   * covers (at the bitmap's own granularity, clipped to the size), in
-   * order, through DIRTY (which returns 0, or -errno to stop). */
-  int (*bitmap_resume)(struct bd *bd, char **name);
-  int (*bitmap_start)(struct bd *bd, const char *name, uint32_t granularity);
-  int (*bitmap_enable)(struct bd *bd, const char *name, bool on);
-  int (*bitmap_bits)(struct bd *bd, const char *name,
-                     int (*dirty)(void *opaque, uint64_t off, uint64_t len),
-                     void *opaque);
-};
 
 /* A list of exports, from bd_list_exports(). */
 struct bd_export_list {
@@ -343,6 +246,10 @@ struct bd {
 
 typedef void bd_done_fn(struct bd_req *req, int err);
 
+/* Room for a request's message: a source's message names a file or URI
+ * and an offset; longer ones are cut. */
+#define BD_REQ_ERRMSG_MAX 256
+
 /* One request.  The submitter owns the memory until done() is called. */
 struct bd_req {
   enum bd_cmd cmd;
@@ -356,133 +263,10 @@ struct bd_req {
   struct bd_conn *conn; /* from bd_conn_open(), or NULL: the default */
   struct bd *bd;        /* set by bd_submit */
   struct bd_req *next;  /* queue link, owned by the core while in flight */
+  /* When done() gets an error: what went wrong, for this request only
+   * (the core fills it; see the contract above). */
+  char errmsg[BD_REQ_ERRMSG_MAX];
 };
-
-/* The format of the image at PATH by its content, as the installed
- * formats' probe finds it: "qcow2", "raw", or the name of a format
- * blockport does not support.  "raw" when the file cannot be read
- * (opening it then reports why) or no probe is installed. */
-const char *bd_probe_format(const char *path);
-
-/* How bd_open_flags() opens a source. */
-enum {
-  BD_OPEN_READONLY = 1u << 0,
-  /* -U / force-share: read-only, and lock nobody out: the image may be in
-   * use by a writer (core/filelock.h). */
-  BD_OPEN_SHARE = 1u << 1,
-  /* The format was guessed by probing: a writable raw image then refuses
-   * writes that would make the next probe find another format. */
-  BD_OPEN_PROBED = 1u << 2,
-  /* qcow2 opened for writing with a backing file: a read of clusters the
-   * image does not hold copies them whole into the image (QEMU's
-   * copy-on-read), so the next read of them stays local. */
-  BD_OPEN_COPY_ON_READ = 1u << 3,
-  /* What a read-only user refuses to share, for the formats that lock
-   * their file as their user asks (raw: QEMU's raw passes its user's
-   * permissions to the file, where qcow2 always refuses writers for its
-   * metadata).  Without them a raw reader shares everything, as
-   * qemu-img map, qemu-img compare, qemu-io -r and QEMU's FUSE export
-   * do.  UNSHARE_RESIZE: an NBD export (qemu-nbd -r); UNSHARE_WRITE:
-   * convert's source (qemu-img convert), which wants both. */
-  BD_OPEN_UNSHARE_RESIZE = 1u << 4,
-  BD_OPEN_UNSHARE_WRITE = 1u << 5,
-};
-
-/* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or
- * a plugin's spec.  FORMAT is NULL to probe by content.  Image files are
- * locked as QEMU locks them (a busy image is refused); formats blockport
- * does not support are refused by name.  Returns NULL with a message in
- * bd_errmsg().  bd_open_with() with the other options at their defaults. */
-struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
-/* bd_open_flags() with BD_OPEN_READONLY when READONLY. */
-struct bd *bd_open(const char *spec, const char *format, bool readonly);
-
-/* Everything a command line or a config file can say about how to open a
- * source.  Start from BD_OPEN_OPTS_INIT; unset fields keep the defaults. */
-struct bd_open_opts {
-  const char *format; /* NULL: probe a file's content */
-  unsigned flags;     /* BD_OPEN_* */
-  /* L2 cache of a qcow2 image, bytes; 0: the default (32 MiB). */
-  uint64_t qcow2_l2_cache;
-  enum bd_cache cache; /* see enum bd_cache; 0: writeback */
-  enum bd_aio aio;     /* how local files are read and written */
-  /* Connections of an NBD source: 0 means 4 when the server advertises
-   * multi-conn, otherwise 1 (at most 16). */
-  unsigned nbd_connections;
-  /* Seconds a request to an NBD source may wait for a lost server before
-   * failing with EIO; 0 waits forever. */
-  unsigned nbd_timeout;
-  /* Bytes of acknowledged writes (and trims, zeroes) an NBD source keeps
-   * until a flush covers them, to send them again to a server that
-   * restarted (formats/nbd.c); 0 keeps none. */
-  uint64_t nbd_replay_limit;
-  /* Seconds an RBD source's cluster operations (monitor, OSD) may take
-   * before failing with EIO; 0 waits forever. */
-  unsigned rbd_timeout;
-  /* What opening an RBD image for writing does when another client holds
-   * its exclusive lock: fail, wait for it, or take no lock at all (as
-   * QEMU: writers then pass the lock back and forth). */
-  enum bd_rbd_lock {
-    BD_RBD_LOCK_FAIL,
-    BD_RBD_LOCK_WAIT,
-    BD_RBD_LOCK_NONE
-  } rbd_lock;
-  /* -D NAME.FLAG=N settings for an nbdkit plugin; the strings must outlive
-   * the source. */
-  const char *const *plugin_debug;
-  size_t n_plugin_debug;
-  /* Named block-status contexts the source must offer (at most
-   * BD_MAX_CONTEXTS; see BD_CTX_BITMAP_PREFIX).  Not passed on to a
-   * backing file. */
-  const char *const *contexts;
-  size_t ncontexts;
-};
-#define BD_NBD_TIMEOUT_DEFAULT 30
-#define BD_NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
-#define BD_RBD_TIMEOUT_DEFAULT 30
-#define BD_OPEN_OPTS_INIT                                                      \
-  {                                                                            \
-    .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT,                                     \
-    .nbd_replay_limit = BD_NBD_REPLAY_LIMIT_DEFAULT,                           \
-    .rbd_timeout = BD_RBD_TIMEOUT_DEFAULT                                      \
-  }
-/* Opens SPEC as O says (O NULL: the defaults), through the installed
- * formats (below).  NULL with a message in bd_errmsg(). */
-struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);
-
-/* A kind of source.  The core knows none: formats/ lists them
- * (formats/registry.h), and every program installs that table once,
- * before it opens anything.  bd_open_with() tries, in table order, the
- * entries whose spec matcher accepts SPEC; otherwise the format named by
- * O->format, or the one the probe finds in the file. */
-struct bd_format {
-  const char *name; /* what --format names it */
-  /* Sources a spec names by itself (null:SIZE, nbd://..., a plugin):
-   * whether SPEC is one.  Such a spec opens with this entry whatever
-   * --format says.  NULL for image file formats. */
-  bool (*matches)(const char *spec);
-  /* For an entry with a matcher named by --format on a spec it does not
-   * match: "format 'NAME' takes USAGE".  NULL: no format has that name. */
-  const char *usage;
-  /* The format of the image file at PATH by its content: 0 with *FORMAT
-   * set; -ENOTSUP with *FORMAT set and a message for a format blockport
-   * does not open; other -errno with a message.  The first entry of the
-   * table that has one probes. */
-  int (*probe)(const char *path, const char **format);
-  /* Opens SPEC as O says (never NULL; O->flags has BD_OPEN_PROBED when
-   * the probe chose the format).  NULL with a message in bd_errmsg(). */
-  struct bd *(*open)(const char *spec, const struct bd_open_opts *o);
-  /* Whether an image file may name a spec this entry matches as its
-   * backing file (an NBD URI).  Never for a source that loads code (a
-   * plugin) or would make no sense there: the image file is not trusted. */
-  bool backing;
-};
-/* TABLE: NULL-terminated, and outliving every opening. */
-void bd_formats_install(const struct bd_format *const *table);
-/* Whether SPEC, as an image's backing file name, names a source rather
- * than a file: the installed entry whose matcher accepts it allows that
- * (struct bd_format's backing: an NBD URI). */
-bool bd_spec_is_backing_source(const char *spec);
 
 /* Flushes (when writable) and closes. Returns the flush result. */
 int bd_close(struct bd *bd);
@@ -492,33 +276,46 @@ int bd_close(struct bd *bd);
  * the replacement fails.  Sources without files ignore it. */
 void bd_hold_locks(struct bd *bd, bool hold);
 
-/* Allocation for sources: a bd with ops set and everything else default. */
-struct bd *bd_new(const struct bd_ops *ops, const char *format,
-                  const char *description);
-
-/* For sources: add NAME to the contexts BD offers (0 or -ENOMEM). */
-int bd_add_context(struct bd *bd, const char *name);
 /* The 1-based number of context NAME for bd_req.context, or 0 when BD
  * does not offer it. */
 unsigned bd_context_find(const struct bd *bd, const char *name);
 
-/* Every capability, 1-byte granularity, 4 KiB preferred and BD_MAX_IO
- * maximum block size: sources start from this and clear what they lack. */
-struct bd_caps bd_caps_full(void); /* bd_new() starts from it */
-
-/* Open a connection (see struct bd_conn): the source's state, or a
- * placeholder for sources without any.  Returns NULL with bd_errmsg() set
- * when the source refuses.  Close it once its requests have completed. */
+/* Connections.  Some sources keep state per client (an nbdkit plugin's
+ * handle): the NBD server opens a connection per client when transmission
+ * starts, FUSE and vhost one at start, and each request names its
+ * connection in bd_req.conn; NULL uses a default one the core opens on
+ * first use (tools like convert).  A front end uses either its own
+ * connections or the default one, not both.  What a device advertises
+ * (size, caps) is fixed at open, whatever a connection could say.
+ * bd_conn_open() returns NULL with bd_errmsg() set when the source
+ * refuses; close a connection once its requests have completed. */
 struct bd_conn *bd_conn_open(struct bd *bd, const char *export_name,
                              bool readonly);
 /* The same, naming the client's socket for sources that ask about their
- * peer (nbdkit_peer_name). */
+ * peer (nbdkit_peer_name); for a filter opening its inner connection. */
 struct bd_conn *bd_conn_open_peer(struct bd *bd, const char *export_name,
                                   bool readonly, int peer_fd);
+/* A front end whose client can leave (the NBD server) opens in two steps,
+ * so that it can give up.  bd_conn_prepare() makes the handle and never
+ * waits (NULL: out of memory).  bd_conn_start() opens it in the source; a
+ * source that takes one connection at a time (nbdkit's
+ * serialize_connections) waits for the one before to close: at most
+ * WAIT_MS, then -ETIMEDOUT (the front end looks at its client and calls
+ * again), or until bd_conn_cancel(), then -ECANCELED.  0, or -errno with
+ * bd_errmsg() when the source refuses. */
+struct bd_conn *bd_conn_prepare(struct bd *bd, const char *export_name,
+                                bool readonly, int peer_fd);
+int bd_conn_start(struct bd *bd, struct bd_conn *conn, unsigned wait_ms);
+/* The front end lost CONN's client, from any thread: a wait in
+ * bd_conn_start() ends, CONN's requests that have not started and those
+ * submitted from now on complete with -ECANCELED, and the source drops
+ * the ones it holds waiting (struct bd_ops' cancel); requests already
+ * running finish as they would.  The core never watches a front end's
+ * client: the front end says when it is gone. */
+void bd_conn_cancel(struct bd *bd, struct bd_conn *conn);
+/* Closes CONN (prepared, started or cancelled) once its requests have
+ * completed. */
 void bd_conn_close(struct bd *bd, struct bd_conn *conn);
-/* Within an operation of a source: the state of the request's connection
- * (conn_open()'s result), NULL outside one. */
-void *bd_conn_current(void);
 /* The export names BD offers, for sources that list them.  Returns 0 with
  * the list filled, -ENOTSUP for sources that do not, or -errno. */
 int bd_list_exports(struct bd *bd, bool readonly, struct bd_export_list *l);
@@ -527,8 +324,6 @@ int bd_list_exports(struct bd *bd, bool readonly, struct bd_export_list *l);
 void bd_submit(struct bd *bd, struct bd_req *req);
 /* Run a request to completion in the calling thread. Returns 0 or -errno. */
 int bd_run(struct bd *bd, struct bd_req *req);
-/* Called by BD_EXEC_ASYNC sources when a request finishes. */
-void bd_complete(struct bd_req *req, int err);
 
 /* Completion batches.  A source that finishes many requests in a row (a
  * poll of completion events) brackets them with bd_batch_begin() and

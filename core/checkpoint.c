@@ -42,6 +42,7 @@
 #include "io.h"
 #include "log.h"
 #include "pool.h"
+#include "source.h"
 
 #define COPYING (1ull << 63)  /* map value: fleece slot, copy under way */
 #define DRAINING (1ull << 62) /* ... copied, earlier readers still on INNER */
@@ -595,6 +596,8 @@ static void fwd_done(struct bd_req *child, int err) {
   struct bd_req *parent = q->parent;
   struct live *lv = q->lv;
   bool w = q->write;
+  if (err < 0) /* INNER's words are the parent's */
+    memcpy(parent->errmsg, child->errmsg, sizeof parent->errmsg);
   free(q);
   /* Released first: the parent's done() may close the device. */
   if (w)
@@ -1085,12 +1088,15 @@ static void vreq_done(struct bd_req *child, int err) {
     if (q->rd.next)
       q->rd.next->prev = q->rd.prev;
     if (v->broken && err == 0) {
-      bd_set_error("checkpoint '%s': view broken: %s", v->ck->name, v->reason);
+      bd_req_set_error(parent, "checkpoint '%s': view broken: %s", v->ck->name,
+                       v->reason);
       err = -EIO;
     }
     lv_wake(lv);
     pthread_mutex_unlock(&lv->lock);
   }
+  if (err < 0 && !parent->errmsg[0])
+    memcpy(parent->errmsg, child->errmsg, sizeof parent->errmsg);
   free(q);
   bd_complete(parent, err);
 }

@@ -85,6 +85,7 @@
 #include <stdint.h>
 
 #include "blockdev.h"
+#include "source.h"
 
 struct ckpt_opts {
   const char *fleece_dir; /* where fleece files go; NULL: "/var/tmp" */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "control.h"
+#include "hex.h"
 
 /* ---- UTF-8 ---- */
 
@@ -117,17 +118,10 @@ static int hex4(struct parser *ps, unsigned *out) {
     return bad(ps, "a \\u escape needs four hex digits");
   unsigned v = 0;
   for (int i = 0; i < 4; i++) {
-    unsigned char c = ps->p[i];
-    unsigned d = 16;
-    if (c >= '0' && c <= '9')
-      d = c - '0';
-    else if (c >= 'a' && c <= 'f')
-      d = c - 'a' + 10u;
-    else if (c >= 'A' && c <= 'F')
-      d = c - 'A' + 10u;
-    if (d == 16)
+    int d = hex_digit(ps->p[i]);
+    if (d < 0)
       return bad(ps, "a \\u escape needs four hex digits");
-    v = v * 16 + d;
+    v = v * 16 + (unsigned)d;
   }
   ps->p += 4;
   *out = v;

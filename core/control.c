@@ -28,6 +28,7 @@
 #include "error.h"
 #include "io.h"
 #include "log.h"
+#include "unix-socket.h"
 #include "version.h"
 
 struct client {
@@ -394,37 +395,19 @@ static void *listener_thread(void *arg) {
 
 /* ---- start and stop ---- */
 
-/* Remove a socket left by a process that is gone; refuse anything else at
- * PATH, and a socket somebody still listens on. */
-static int remove_stale(const char *path, const struct sockaddr_un *sa) {
-  struct stat st;
-  if (lstat(path, &st) < 0)
-    return 0;
-  if (!S_ISSOCK(st.st_mode)) {
-    bd_set_error("control socket %s: exists and is not a socket", path);
-    return -1;
-  }
-  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool live = probe >= 0 &&
-              connect(probe, (const struct sockaddr *)sa, sizeof *sa) == 0;
-  if (probe >= 0)
-    close(probe);
-  if (live) {
-    bd_set_error("control socket %s: another process is listening there", path);
-    return -1;
-  }
-  unlink(path);
-  return 0;
-}
-
 static int listen_at(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (strlen(path) >= sizeof sa.sun_path) {
+  struct sockaddr_un sa;
+  if (!unix_socket_addr(path, &sa)) {
     bd_set_error("control socket path too long: %s", path);
     return -1;
   }
-  strcpy(sa.sun_path, path);
-  if (remove_stale(path, &sa) < 0)
+  /* Only a socket left by a process that is gone is replaced. */
+  int r = unix_socket_remove_stale(path, &sa);
+  if (r == -ENOTSOCK)
+    bd_set_error("control socket %s: exists and is not a socket", path);
+  else if (r < 0)
+    bd_set_error("control socket %s: another process is listening there", path);
+  if (r < 0)
     return -1;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {

@@ -2,9 +2,12 @@
 /* Byte-granular requests over a block device: see disk.h. */
 #include "disk.h"
 
+#include "source.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,12 +122,16 @@ static void finish(struct disk_req *r, int err) {
     lock_release(d, r);
   if (err == 0 && is_write(r->cmd))
     atomic_fetch_add(&d->writes, 1);
+  if (err < 0 && !r->errmsg[0]) /* failed here, not in the device */
+    snprintf(r->errmsg, sizeof r->errmsg, "%s", strerror(-err));
   r->done(r, err);
 }
 
 static void one_done(struct bd_req *req, int err) {
   struct disk_req *r =
       (struct disk_req *)((char *)req - offsetof(struct disk_req, one));
+  if (err < 0)
+    memcpy(r->errmsg, req->errmsg, sizeof r->errmsg);
   finish(r, err);
 }
 
@@ -168,10 +175,11 @@ static void piece_put(struct disk_req *r) {
 
 static void piece_done(struct bd_req *req, int err) {
   struct disk_req *r = ((struct disk_piece *)req)->r;
-  if (err < 0) {
-    int none = 0;
-    atomic_compare_exchange_strong(&r->err, &none, err);
-  }
+  int none = 0;
+  /* The first failure says why: its message is written before the last
+   * piece_put() makes it visible to the thread that finishes R. */
+  if (err < 0 && atomic_compare_exchange_strong(&r->err, &none, err))
+    memcpy(r->errmsg, req->errmsg, sizeof r->errmsg);
   piece_put(r);
 }
 
@@ -377,6 +385,7 @@ void disk_submit(struct disk *d, struct disk_req *r) {
   r->disk = d;
   r->pieces = NULL;
   r->bounce = NULL;
+  r->errmsg[0] = 0;
   atomic_init(&r->err, 0);
   switch (r->cmd) {
   case BD_READ: read_start(d, r); return;
@@ -439,6 +448,8 @@ int disk_run(struct disk *d, struct disk_req *r) {
   pthread_mutex_unlock(&w.lock);
   pthread_cond_destroy(&w.cond);
   pthread_mutex_destroy(&w.lock);
+  if (w.err < 0) /* for this thread's caller (the convention of run) */
+    bd_set_error("%s", w.r.errmsg);
   return w.err;
 }
 
@@ -475,14 +486,17 @@ bool disk_wants(const struct bd *bd, const struct bd_req *req) {
 static void aligned_done(struct disk_req *r, int err) {
   struct aligned *a = (struct aligned *)r;
   struct bd_req *orig = a->orig;
+  if (err < 0)
+    memcpy(orig->errmsg, r->errmsg, sizeof orig->errmsg);
   free(a);
-  orig->done(orig, err);
+  bd_complete(orig, err);
 }
 
 void disk_submit_for(struct bd *bd, struct bd_req *req) {
   struct aligned *a = malloc(sizeof *a);
   if (!a) {
-    req->done(req, -ENOMEM);
+    bd_req_set_error(req, "out of memory");
+    bd_complete(req, -ENOMEM);
     return;
   }
   a->orig = req;

@@ -55,6 +55,8 @@ struct disk_req {
                                  aligned offset, which may be before
                                  OFFSET */
   disk_done_fn *done;
+  /* When done() gets an error: this request's message. */
+  char errmsg[BD_REQ_ERRMSG_MAX];
 
   /* Private to disk.c while in flight. */
   struct disk *disk;

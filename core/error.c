@@ -26,6 +26,10 @@ const char *bd_errmsg(void) {
   return errbuf[0] ? errbuf : "unknown error";
 }
 
+int bd_error_is_set(void) {
+  return errbuf[0] != 0;
+}
+
 void bd_clear_error(void) {
   errbuf[0] = 0;
 }

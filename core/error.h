@@ -16,6 +16,8 @@ void bd_set_errorv(const char *fmt, va_list ap)
     __attribute__((format(printf, 1, 0)));
 /* The last message set on this thread, or "unknown error". */
 const char *bd_errmsg(void);
+/* Whether a message is set (not forgotten since). */
+int bd_error_is_set(void);
 /* Forgets it: the next bd_errmsg() says "unknown error" unless a failure
  * sets one. */
 void bd_clear_error(void);

@@ -8,6 +8,7 @@
 
 #include "blockdev.h"
 #include "log.h"
+#include "source.h"
 
 /* A FIFO of requests guarded by one mutex.  Workers that find it empty
  * sleep on the condition variable. */
@@ -52,8 +53,7 @@ static void *worker_main(void *arg) {
       pool.tail = &pool.head;
     pthread_mutex_unlock(&pool.lock);
 
-    int err = bd_execute(req->bd, req);
-    req->done(req, err);
+    bd_complete(req, bd_execute(req->bd, req));
 
     pthread_mutex_lock(&pool.lock);
     pool.busy--;
@@ -134,7 +134,7 @@ void bd_pool_queue(struct bd_req *req) {
     /* Nobody started the pool: start the default one. */
     pthread_mutex_unlock(&pool.lock);
     if (bd_pool_start(0) < 0) {
-      req->done(req, -EAGAIN);
+      bd_complete(req, -EAGAIN);
       return;
     }
     pthread_mutex_lock(&pool.lock);

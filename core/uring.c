@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "source.h"
 
 #define RING_ENTRIES 256
 /* Requests in flight on a ring, at most: its completion queue (twice the
@@ -153,11 +154,9 @@ static void finish(struct op *o) {
   int err = o->err;
   atomic_fetch_sub(&o->ring->inflight, o->nseg);
   free(o);
-  /* The completing thread's message is read with the error (a server's
-   * reply): it must be this request's, not the last one that thread set. */
   if (err < 0)
-    bd_set_error("%s", strerror(-err));
-  req->done(req, err);
+    bd_req_set_error(req, "%s", strerror(-err));
+  bd_complete(req, err);
 }
 
 /* A short transfer continues where it stopped (in the reaping thread). */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/source.h"
 #include "formats.h"
 
 #define CHUNK_SHIFT 16

@@ -71,6 +71,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/source.h"
 #include "core/stats.h"
 #include "formats.h"
 #include "nbd-replay.h"
@@ -235,30 +236,36 @@ static const char *cmd_name(enum bd_cmd cmd) {
 
 /* ---- finishing commands ---- */
 
-static void piece_done(struct split *s, int err) {
+/* WHY: a failure's message (this piece's; the first failure's is the
+ * request's, written before this piece stops counting). */
+static void piece_done(struct split *s, int err, const char *why) {
   int none = 0;
-  if (err)
-    atomic_compare_exchange_strong(&s->err, &none, err);
+  if (err && atomic_compare_exchange_strong(&s->err, &none, err))
+    bd_req_set_error(s->req, "%s", why);
   if (atomic_fetch_sub(&s->pending, 1) == 1) {
     bd_complete(s->req, atomic_load(&s->err));
     free(s);
   }
 }
 
-static void op_end(struct op *op, int err) {
+static void op_end(struct op *op, int err, const char *why) {
   struct split *s = op->split;
   struct bd_req *req = op->req;
   free(op);
-  if (s)
-    piece_done(s, err);
-  else
-    bd_complete(req, err);
+  if (s) {
+    piece_done(s, err, why);
+    return;
+  }
+  if (err)
+    bd_req_set_error(req, "%s", why);
+  bd_complete(req, err);
 }
 
 static void op_fail(struct op *op, int err, const char *why) {
-  bd_set_error("nbd %s: %s at %llu: %s", op->d->uri, cmd_name(op->req->cmd),
-               (unsigned long long)op->off, why);
-  op_end(op, err);
+  char msg[BD_REQ_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "nbd %s: %s at %llu: %s", op->d->uri,
+           cmd_name(op->req->cmd), (unsigned long long)op->off, why);
+  op_end(op, err, msg);
 }
 
 static bool is_write(enum bd_cmd cmd) {
@@ -280,7 +287,7 @@ static void flush_done(struct op *op) {
             "have reached stable storage");
     return;
   }
-  op_end(op, 0);
+  op_end(op, 0, NULL);
 }
 
 static void op_succeeded(struct op *op) {
@@ -292,7 +299,7 @@ static void op_succeeded(struct op *op) {
   if (is_write(req->cmd))
     replay_add(&op->d->log, req->cmd, req->flags, op->off, op->len,
                req->cmd == BD_WRITE ? req->buf : NULL);
-  op_end(op, 0);
+  op_end(op, 0, NULL);
 }
 
 /* Set OP's deadline when it first has to wait for a connection.  The
@@ -561,14 +568,17 @@ static bool usable(struct nbddev *d) {
 }
 
 /* Queue OP until a connection is up.  Returns 1 when queued, 0 when a
- * connection came up meanwhile, or -EIO (with OP failed). */
+ * connection came up meanwhile, or -EIO or -ECANCELED (with OP failed). */
 static int wait_for_conn(struct op *op) {
   struct nbddev *d = op->d;
   const char *why = NULL;
+  int err = -EIO;
   int64_t now = now_ms();
   pthread_mutex_lock(&d->lock);
   if (d->closing)
     why = "the device is closing";
+  else if (bd_req_cancelled(op->req))
+    why = "cancelled: the client is gone", err = -ECANCELED;
   else if (atomic_load(&d->foreign))
     why = "the server came back as a different export";
   else if (usable(d)) {
@@ -595,8 +605,8 @@ static int wait_for_conn(struct op *op) {
   if (why) {
     if (op->deadline && op->deadline <= now)
       atomic_store(&d->gave_up, true);
-    op_fail(op, -EIO, why);
-    return -EIO;
+    op_fail(op, err, why);
+    return err;
   }
   wake(d);
   return 1;
@@ -676,8 +686,7 @@ static void submit_split(struct nbddev *d, struct bd_req *req) {
     if (op) {
       dispatch(op);
     } else {
-      bd_set_error("nbd %s: out of memory", d->uri);
-      piece_done(s, -ENOMEM);
+      piece_done(s, -ENOMEM, "out of memory");
     }
   }
 }
@@ -1108,6 +1117,33 @@ static bool is_closing(struct nbddev *d) {
   return r;
 }
 
+/* The front end lost CONN's client: its requests waiting for a lost
+ * server need not wait any longer (those sent wait for their answer). */
+static void nbdsrc_cancel(struct bd *bd, struct bd_conn *conn) {
+  struct nbddev *d = bd->priv;
+  struct op *gone = NULL, **pp;
+  pthread_mutex_lock(&d->lock);
+  for (pp = &d->wait_head; *pp;) {
+    struct op *op = *pp;
+    if (op->req->conn == conn) {
+      *pp = op->next;
+      op->next = gone;
+      gone = op;
+    } else {
+      pp = &op->next;
+    }
+  }
+  d->wait_tail = NULL;
+  for (struct op *op = d->wait_head; op; op = op->next)
+    d->wait_tail = op;
+  pthread_mutex_unlock(&d->lock);
+  while (gone) {
+    struct op *op = gone;
+    gone = op->next;
+    op_fail(op, -ECANCELED, "cancelled: the client is gone");
+  }
+}
+
 /* Fail the waiting requests whose time is up (all of them when closing). */
 static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
   struct op *expired = NULL, **pp;
@@ -1425,6 +1461,7 @@ static const struct bd_ops nbd_ops = {
     .name = "nbd",
     .flush = nbdsrc_flush_sync,
     .submit = nbdsrc_submit,
+    .cancel = nbdsrc_cancel,
     .close = nbdsrc_close_dev,
 };
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/source.h"
 #include "formats.h"
 
 static int null_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {

@@ -30,6 +30,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/source.h"
 #include "formats.h"
 #include "plugin.h"
 
@@ -755,15 +756,6 @@ static int register_plugin(struct plugin *pl) {
 
 /* ---- debug flags ---- */
 
-int plugin_check_debug_flag(const char *arg) {
-  const char *dot = strchr(arg, '.'), *eq = strchr(arg, '=');
-  if (!dot || !eq || dot == arg || eq < dot + 2 || !eq[1]) {
-    bd_set_error("-D %s: expected NAME.FLAG=N", arg);
-    return -EINVAL;
-  }
-  return 0;
-}
-
 static bool same_name(const char *a, size_t alen, const char *b) {
   return strlen(b) == alen && strncmp(a, b, alen) == 0;
 }
@@ -1014,23 +1006,4 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o) {
     plugin_free(pl);
   }
   return bd;
-}
-
-char *plugin_spec(const char *plugin, char *const *params, int n) {
-  size_t len = strlen(PLUGIN_SPEC_PREFIX) + strlen(plugin) + 1;
-  for (int i = 0; i < n; i++)
-    len += strlen(params[i]) + 1;
-  char *s = malloc(len);
-  if (!s)
-    return NULL;
-  char *p = stpcpy(stpcpy(s, PLUGIN_SPEC_PREFIX), plugin);
-  for (int i = 0; i < n; i++) {
-    *p++ = PLUGIN_SPEC_SEP;
-    p = stpcpy(p, params[i]);
-  }
-  return s;
-}
-
-bool plugin_is_spec(const char *spec) {
-  return strncmp(spec, PLUGIN_SPEC_PREFIX, strlen(PLUGIN_SPEC_PREFIX)) == 0;
 }

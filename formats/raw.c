@@ -38,6 +38,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/source.h"
 #include "core/uring.h"
 #include "formats.h"
 #include "probe.h"

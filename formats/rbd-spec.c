@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/hex.h"
 
 bool rbd_spec_matches(const char *spec) {
   return strncmp(spec, RBD_SPEC_PREFIX, strlen(RBD_SPEC_PREFIX)) == 0;
@@ -112,25 +113,15 @@ static int parse_name(const char *spec, char *p, struct rbd_spec *s) {
   return parse_options(spec, rest, s);
 }
 
-static int hex(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 /* %XX decoding in place; false on a malformed escape or a %00. */
 static bool percent_decode(char *s) {
   char *out = s;
   for (; *s; s++) {
     if (*s == '%') {
-      int hi = hex(s[1]), lo = hi < 0 ? -1 : hex(s[2]);
-      if (lo < 0 || (hi == 0 && lo == 0))
+      int byte = hex_byte(s + 1);
+      if (byte <= 0)
         return false;
-      *out++ = (char)(hi * 16 + lo);
+      *out++ = (char)byte;
       s += 2;
     } else {
       *out++ = *s;

@@ -31,6 +31,7 @@
 #include "core/blockdev.h"
 #include "core/log.h"
 #include "core/pool.h"
+#include "core/source.h"
 
 #include "formats.h"
 #include "rbd-cluster.h"
@@ -84,13 +85,12 @@ static void finish(struct rbd_op *op, int r) {
       op->flushing ? "flush after a FUA write" : cmd_name(req->cmd);
   free(op);
   if (r < 0) {
-    /* For the front end, which logs the message of the completing thread. */
-    bd_set_error("rbd %s: %s at %llu: %s", d->name, what,
-                 (unsigned long long)req->offset,
-                 r == -ETIMEDOUT ? "the cluster did not answer in time"
-                                 : strerror(-r));
+    bd_req_set_error(req, "rbd %s: %s at %llu: %s", d->name, what,
+                     (unsigned long long)req->offset,
+                     r == -ETIMEDOUT ? "the cluster did not answer in time"
+                                     : strerror(-r));
     if (!atomic_exchange(&d->failing, true))
-      log_error("%s", bd_errmsg());
+      log_error("%s", req->errmsg);
     r = map_error(r);
   } else if (atomic_load_explicit(&d->failing, memory_order_relaxed)) {
     atomic_store(&d->failing, false);

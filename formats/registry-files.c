@@ -7,6 +7,7 @@
 
 #include <errno.h>
 
+#include "core/open.h"
 #include "formats.h"
 #include "probe.h"
 

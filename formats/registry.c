@@ -4,6 +4,7 @@
  * with such a name is given as ./null:SIZE). */
 #include "registry.h"
 
+#include "core/open.h"
 #include "formats.h"
 #include "rbd-spec.h"
 

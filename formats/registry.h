@@ -6,6 +6,7 @@
 #define BLOCKPORT_FORMATS_REGISTRY_H
 
 #include "core/blockdev.h"
+#include "core/open.h"
 
 /* null:SIZE, memory:SIZE, NBD URIs and plugin specs by their spec; raw
  * and qcow2 by name or by probing.  NULL-terminated. */

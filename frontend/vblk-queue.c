@@ -40,6 +40,7 @@ struct vblk_req {
   struct vblk_sub sub1; /* the usual single sub-request, no allocation */
   atomic_uint remaining;
   atomic_int err;
+  char errmsg[BD_REQ_ERRMSG_MAX]; /* the first failing sub-request's */
 };
 
 int vblk_queue_init(struct vblk_queue *q, struct vblk_dev *dev, unsigned index,
@@ -152,17 +153,17 @@ static void finish(struct vblk_req *r) {
   uint8_t status = VIRTIO_BLK_S_OK;
   if (err) {
     status = err == -ENOTSUP ? VIRTIO_BLK_S_UNSUPP : VIRTIO_BLK_S_IOERR;
-    log_failure(r->q, r->head, "I/O error", strerror(-err));
+    log_failure(r->q, r->head, "I/O error", r->errmsg);
   }
   complete(r, status);
 }
 
 static void sub_done(struct bd_req *br, int err) {
   struct vblk_req *r = ((struct vblk_sub *)br)->r;
-  if (err) {
-    int none = 0;
-    atomic_compare_exchange_strong(&r->err, &none, err);
-  }
+  int none = 0;
+  /* Written before this sub-request stops counting: finish() sees it. */
+  if (err && atomic_compare_exchange_strong(&r->err, &none, err))
+    memcpy(r->errmsg, br->errmsg, sizeof r->errmsg);
   if (atomic_fetch_sub(&r->remaining, 1) == 1)
     finish(r);
 }
@@ -186,6 +187,7 @@ static void submit_subs(struct vblk_req *r, unsigned n) {
   struct bd *bd = r->q->dev->bd;
   for (unsigned i = 0; i < n; i++) {
     subs[i].br.done = sub_done;
+    subs[i].br.conn = r->q->dev->conn;
     bd_submit(bd, &subs[i].br);
   }
 }
@@ -229,7 +231,8 @@ static void start_rw(struct vblk_req *r, const struct vblk_parsed *p,
     r->bounce = NULL;
     r->iov = NULL;
     log_failure(r->q, r->head, "request", "out of memory");
-    return complete(r, VIRTIO_BLK_S_IOERR);
+    complete(r, VIRTIO_BLK_S_IOERR);
+    return;
   }
   for (unsigned i = 0; i < n; i++) {
     struct bd_req *br = &r->subs[i].br;
@@ -246,7 +249,8 @@ static void start_ranges(struct vblk_req *r, const struct vblk_parsed *p) {
   unsigned n = p->kind == VBLK_FLUSH ? 1 : p->nranges;
   if (!alloc_subs(r, n)) {
     log_failure(r->q, r->head, "request", "out of memory");
-    return complete(r, VIRTIO_BLK_S_IOERR);
+    complete(r, VIRTIO_BLK_S_IOERR);
+    return;
   }
   for (unsigned i = 0; i < n; i++) {
     struct bd_req *br = &r->subs[i].br;
@@ -293,16 +297,19 @@ static void start(struct vblk_queue *q, struct vblk_req *r) {
   case VBLK_DONE:
     if (p.status != VIRTIO_BLK_S_OK)
       log_failure(q, r->head, "malformed request", p.why);
-    return complete(r, p.status);
-  case VBLK_GET_ID: return get_id(r, &p, q->scratch);
+    complete(r, p.status);
+    break;
+  case VBLK_GET_ID: get_id(r, &p, q->scratch); break;
   case VBLK_READ:
   case VBLK_WRITE:
     if (!p.length)
-      return complete(r, VIRTIO_BLK_S_OK);
-    return start_rw(r, &p, q->scratch);
+      complete(r, VIRTIO_BLK_S_OK);
+    else
+      start_rw(r, &p, q->scratch);
+    break;
   case VBLK_FLUSH:
   case VBLK_DISCARD:
-  case VBLK_ZEROES: return start_ranges(r, &p);
+  case VBLK_ZEROES: start_ranges(r, &p); break;
   }
 }
 

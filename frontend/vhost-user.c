@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/unix-socket.h"
 #include "virtio-blk.h"
 
 /* Front-end requests (vhost-user.rst, "Front-end message types"). */
@@ -406,11 +407,22 @@ static void unmap_memory(struct vhu_dev *d) {
   memset(&d->mem, 0, sizeof d->mem);
 }
 
+/* Whether [0, END) of the file FD is there: a mapping past the end of a
+ * file faults (SIGBUS) when touched, so a front end must not get one by
+ * declaring a region larger than its memory.  Other descriptors (devices)
+ * have no size to check. */
+static bool within_file(int fd, uint64_t end) {
+  struct stat st;
+  if (fstat(fd, &st) < 0)
+    return false;
+  return !S_ISREG(st.st_mode) || end <= (uint64_t)st.st_size;
+}
+
 static int map_region(struct vhu_dev *d, const struct vhu_region_desc *rd,
                       int fd) {
   unsigned i = d->mem.n;
   size_t len = rd->size + rd->mmap_offset;
-  if (!rd->size || len < rd->size) {
+  if (!rd->size || len < rd->size || !within_file(fd, len)) {
     log_error("vhost: memory region of %llu bytes at offset %llu refused",
               (unsigned long long)rd->size,
               (unsigned long long)rd->mmap_offset);
@@ -512,7 +524,9 @@ static int set_inflight_fd(struct vhu_dev *d, struct vhu_msg *m) {
   int fd = take_fd(m);
   if (m->size < sizeof *in || fd < 0 || !inflight_shape_ok(in) ||
       in->mmap_size <
-          vq_inflight_queue_bytes(in->queue_size) * in->num_queues) {
+          vq_inflight_queue_bytes(in->queue_size) * in->num_queues ||
+      in->mmap_offset + in->mmap_size < in->mmap_size ||
+      !within_file(fd, in->mmap_offset + in->mmap_size)) {
     log_error("vhost: inflight region refused");
     if (fd >= 0)
       close(fd);
@@ -754,6 +768,26 @@ static void dev_reset(struct vhu_dev *d) {
   d->blk.acked = 0;
 }
 
+/* One front end, on a connection of its own to the device: when it goes
+ * away, what it left in flight is cancelled rather than waited for (a
+ * request to a lost NBD server could take its whole time-out).  With an
+ * inflight region, the next front end submits those requests again. */
+static int front_end_session(struct vhu_dev *d, int stop_fd) {
+  struct bd *bd = d->blk.bd;
+  d->blk.conn = bd_conn_open(bd, "", d->blk.readonly);
+  if (!d->blk.conn) {
+    log_error("vhost: the device refused a connection: %s", bd_errmsg());
+    return 0;
+  }
+  int r = serve_conn(d, stop_fd);
+  if (r == 0)
+    bd_conn_cancel(bd, d->blk.conn);
+  dev_reset(d); /* waits for the requests */
+  bd_conn_close(bd, d->blk.conn);
+  d->blk.conn = NULL;
+  return r;
+}
+
 /* A socket file nobody listens on any more (a previous run's): it may be
  * replaced.  One that answers belongs to a running back end. */
 static bool stale_socket(const char *path, const struct sockaddr_un *sa) {
@@ -770,12 +804,11 @@ static bool stale_socket(const char *path, const struct sockaddr_un *sa) {
 }
 
 static int listen_on(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (strlen(path) >= sizeof sa.sun_path) {
+  struct sockaddr_un sa;
+  if (!unix_socket_addr(path, &sa)) {
     bd_set_error("vhost: socket path too long: %s", path);
     return -ENAMETOOLONG;
   }
-  strcpy(sa.sun_path, path);
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s >= 0 && stale_socket(path, &sa))
     unlink(path);
@@ -842,8 +875,7 @@ int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
     if (d->sock < 0)
       break;
     log_info("vhost: front end connected");
-    int r = serve_conn(d, stop_fd);
-    dev_reset(d);
+    int r = front_end_session(d, stop_fd);
     close(d->sock);
     log_info("vhost: front end %s", r == 1 ? "closed on request" : "gone");
     if (r != 0 || o->once)

@@ -143,10 +143,13 @@ static unsigned slice(const struct iovec *iov, unsigned n, uint64_t skip,
   return k;
 }
 
-static void fail(struct vblk_parsed *p, uint8_t status, const char *why) {
+/* The request is answered with STATUS, unstarted.  Returns false: the
+ * parsers' "not accepted". */
+static bool fail(struct vblk_parsed *p, uint8_t status, const char *why) {
   p->kind = VBLK_DONE;
   p->status = status;
   p->why = why;
+  return false;
 }
 
 /* A byte range of the disk: inside it and aligned to its blocks. */
@@ -161,7 +164,7 @@ static const char *check_range(const struct vblk_dev *dev, uint64_t sector,
   return NULL;
 }
 
-static void parse_rw(const struct vblk_dev *dev, const struct vq_chain *c,
+static bool parse_rw(const struct vblk_dev *dev, const struct vq_chain *c,
                      uint64_t sector, bool write, struct iovec *iov,
                      struct vblk_parsed *p) {
   const struct iovec *in = c->iov + c->n_out;
@@ -177,9 +180,10 @@ static void parse_rw(const struct vblk_dev *dev, const struct vq_chain *c,
   p->kind = write ? VBLK_WRITE : VBLK_READ;
   p->niov = write ? slice(c->iov, c->n_out, 16, p->length, iov)
                   : slice(in, c->n_in, 0, p->length, iov);
+  return true;
 }
 
-static void parse_ranges(const struct vblk_dev *dev, const struct vq_chain *c,
+static bool parse_ranges(const struct vblk_dev *dev, const struct vq_chain *c,
                          bool discard, struct vblk_parsed *p) {
   uint64_t feature = discard ? VIRTIO_BLK_F_DISCARD : VIRTIO_BLK_F_WRITE_ZEROES;
   if (!(dev->features & BIT(feature)))
@@ -207,6 +211,7 @@ static void parse_ranges(const struct vblk_dev *dev, const struct vq_chain *c,
         sector * VBLK_SECTOR, (uint64_t)count * VBLK_SECTOR, flags != 0};
   }
   p->kind = discard ? VBLK_DISCARD : VBLK_ZEROES;
+  return true;
 }
 
 static void locate_status(const struct vq_chain *c, struct vblk_parsed *p) {
@@ -217,10 +222,10 @@ static void locate_status(const struct vq_chain *c, struct vblk_parsed *p) {
   p->used_len = 1;
 }
 
-void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
-                struct iovec *iov, struct vblk_parsed *p) {
-  memset(p, 0, sizeof *p);
-  locate_status(c, p);
+/* The request after its status byte is found; false when it is answered
+ * at once (P->kind VBLK_DONE). */
+static bool parse_request(const struct vblk_dev *dev, const struct vq_chain *c,
+                          struct iovec *iov, struct vblk_parsed *p) {
   if (c->error)
     return fail(p, VIRTIO_BLK_S_IOERR, vq_strerror(c->error));
   if (!p->status_ptr)
@@ -241,7 +246,7 @@ void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
     if (!(dev->features & BIT(VIRTIO_BLK_F_FLUSH)))
       return fail(p, VIRTIO_BLK_S_UNSUPP, "flush not offered");
     p->kind = VBLK_FLUSH;
-    return;
+    return true;
   case VIRTIO_BLK_T_GET_ID: {
     uint64_t n = c->in_bytes - 1;
     if (n > VIRTIO_BLK_ID_BYTES)
@@ -250,7 +255,7 @@ void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
     p->length = n;
     p->niov = slice(c->iov + c->n_out, c->n_in, 0, n, iov);
     p->used_len = (uint32_t)n + 1;
-    return;
+    return true;
   }
   case VIRTIO_BLK_T_DISCARD:
   case VIRTIO_BLK_T_WRITE_ZEROES:
@@ -259,4 +264,12 @@ void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
     return parse_ranges(dev, c, type == VIRTIO_BLK_T_DISCARD, p);
   default: return fail(p, VIRTIO_BLK_S_UNSUPP, "unsupported request type");
   }
+}
+
+void vblk_parse(const struct vblk_dev *dev, const struct vq_chain *c,
+                struct iovec *iov, struct vblk_parsed *p) {
+  memset(p, 0, sizeof *p);
+  locate_status(c, p);
+  /* The verdict is in P too: VBLK_DONE, a status and why when refused. */
+  (void)parse_request(dev, c, iov, p);
 }

@@ -32,6 +32,9 @@
 /* What a device offers, fixed when it is created. */
 struct vblk_dev {
   struct bd *bd;
+  /* The current front end's connection (NULL: the default one): cancelled
+   * when that front end goes away with requests in flight. */
+  struct bd_conn *conn;
   uint64_t capacity; /* in 512-byte sectors */
   uint32_t blk_size; /* logical block size, a power of two >= 512 */
   uint32_t max_io;   /* bytes per bd request (requests above are split) */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "formats/registry.h"
 
 static char *file;

@@ -14,6 +14,7 @@
 
 #include "core/cleanup.h"
 #include "core/error.h"
+#include "core/features.h"
 
 enum key {
   K_PATH,
@@ -422,6 +423,10 @@ static int set_aio(struct parser *p, struct export_conf *e, char **v) {
   if (bd_aio_parse(*v, &e->aio) < 0)
     return fail(p, p->line, "aio: '%s' is not io_uring or threads%s",
                 show(str_span(*v)).s, comment_hint(*v));
+  if (e->aio == BD_AIO_IO_URING && !feature_built(FEATURE_IO_URING)) {
+    feature_missing(FEATURE_IO_URING);
+    return fail(p, p->line, "aio: io_uring: %s", bd_errmsg());
+  }
   e->has_aio = true;
   return 0;
 }
@@ -708,7 +713,7 @@ int config_load(const char *file, struct config *out) {
   return config_parse(buf, (size_t)n, file, out);
 }
 
-void export_conf_free(struct export_conf *e) {
+void config_export_free(struct export_conf *e) {
   free(e->name);
   free(e->path);
   free(e->format);
@@ -722,7 +727,7 @@ void export_conf_free(struct export_conf *e) {
 
 void config_free(struct config *c) {
   for (size_t i = 0; i < c->n; i++)
-    export_conf_free(&c->v[i]);
+    config_export_free(&c->v[i]);
   free(c->v);
   memset(c, 0, sizeof *c);
 }
@@ -734,7 +739,7 @@ static char *dup_or_null(const char *s, bool *failed) {
   return d;
 }
 
-int export_conf_copy(struct export_conf *dst, const struct export_conf *src) {
+int config_export_copy(struct export_conf *dst, const struct export_conf *src) {
   bool failed = false;
   *dst = *src;
   dst->name = dup_or_null(src->name, &failed);
@@ -755,7 +760,7 @@ int export_conf_copy(struct export_conf *dst, const struct export_conf *src) {
       failed = true;
   }
   if (failed) {
-    export_conf_free(dst);
+    config_export_free(dst);
     return -1;
   }
   return 0;

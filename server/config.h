@@ -59,8 +59,8 @@ void config_free(struct config *c);
 
 /* Deep copy of SRC into DST (for keeping an export across a reload).
  * Returns 0, or -1 (out of memory) with DST zeroed. */
-int export_conf_copy(struct export_conf *dst, const struct export_conf *src);
+int config_export_copy(struct export_conf *dst, const struct export_conf *src);
 /* Free what E owns; leaves it zeroed. */
-void export_conf_free(struct export_conf *e);
+void config_export_free(struct export_conf *e);
 
 #endif

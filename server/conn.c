@@ -37,6 +37,9 @@
 /* A rejected request's payload up to this size is read and dropped; a
  * larger one means the client is lost, and the connection closes. */
 #define DISCARD_MAX (64ull * 1024 * 1024)
+/* How often a client waiting for the device's connection slot is looked
+ * at, to see whether it left. */
+#define CONN_SLOT_POLL_MS 200
 
 /* ---- socket I/O: plain, or through TLS after STARTTLS ---- */
 
@@ -133,19 +136,43 @@ static bool flush_out(struct conn *c, struct hs_out *out) {
   return ok;
 }
 
+/* Whether the client hung up (or the server shut its socket down for a
+ * shutdown): only the front end watches its client. */
+static bool client_gone(const struct conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+  return poll(&p, 1, 0) > 0 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Opens BC in the source, which may wait for the connection before it
+ * to close (nbdkit's serialize_connections): a client that leaves
+ * meanwhile gives up its place. */
+static int start_device_conn(struct conn *c, struct bd *bd,
+                             struct bd_conn *bc) {
+  int r;
+  while ((r = bd_conn_start(bd, bc, CONN_SLOT_POLL_MS)) == -ETIMEDOUT)
+    if (client_gone(c))
+      bd_conn_cancel(bd, bc);
+  return r;
+}
+
 /* The device's state for this connection, opened once the client has
  * chosen its export (an nbdkit plugin opens its handle here). */
 static bool open_device_conn(struct conn *c, int idx) {
   struct export *e = &c->set->v[idx];
-  c->bconn = bd_conn_open_peer(e->dev->bd, e->name, e->readonly, c->fd);
-  if (!c->bconn)
+  struct bd *bd = e->dev->bd;
+  struct bd_conn *bc = bd_conn_prepare(bd, e->name, e->readonly, c->fd);
+  int r = bc ? start_device_conn(c, bd, bc) : -ENOMEM;
+  if (r < 0) {
     log_info("connection %u (%s): export '%s' refused: %s", c->id, c->peer,
              e->name, bd_errmsg());
-  else {
-    c->exp = e; /* bd_conn_close() needs it, whatever happens next */
-    exports_conn_begin(c->srv, e);
+    bd_conn_close(bd, bc);
+    return false;
   }
-  return c->bconn != NULL;
+  c->bconn = bc;
+  c->exp = e; /* bd_conn_close() needs it, whatever happens next */
+  exports_conn_begin(c->srv, e);
+  return true;
 }
 
 /* Per-export allow lists apply to TCP clients; a Unix socket's permissions
@@ -207,8 +234,7 @@ static unsigned tls_time_left(const struct conn *c) {
 static bool start_tls(struct conn *c, struct hs_state *hs) {
   char who[100];
   snprintf(who, sizeof who, "connection %u (%s)", c->id, c->peer);
-  c->tls_wbuf = malloc(TLS_RECORD_MAX);
-  if (!c->tls_wbuf)
+  if (!send_tls_begin(&c->out))
     return false;
   /* The credentials of the moment: a reload may swap them meanwhile. */
   pthread_mutex_lock(&c->srv->lock);
@@ -233,78 +259,98 @@ static uint32_t max_payload(const struct hs_export *he) {
   return he->max_block && he->max_block < BD_MAX_IO ? he->max_block : BD_MAX_IO;
 }
 
+/* The client's flags, after the greeting. */
+static bool read_client_flags(struct conn *c, struct hs_state *hs) {
+  uint8_t cf[4];
+  if (!read_full(c, cf, 4))
+    return false;
+  if (!hs_client_flags(hs, get_be32(cf))) {
+    log_info("connection %u (%s): unknown client flags 0x%x", c->id, c->peer,
+             get_be32(cf));
+    return false;
+  }
+  return true;
+}
+
+/* One option: read it and answer it into OUT (sent by the caller); the
+ * client's choice of export opens the device.  False: close. */
+static bool handshake_option(struct conn *c, struct hs_state *hs,
+                             struct hs_out *out, enum hs_result *res) {
+  uint8_t hdr[16];
+  if (!read_full(c, hdr, 16))
+    return false;
+  if (get_be64(hdr) != NBD_IHAVEOPT) {
+    log_info("connection %u (%s): bad option magic", c->id, c->peer);
+    return false;
+  }
+  uint32_t opt = get_be32(hdr + 8), len = get_be32(hdr + 12);
+  if (len > HS_MAX_OPTION_DATA) {
+    if (opt == NBD_OPT_EXPORT_NAME || len > DISCARD_MAX ||
+        !discard_bytes(c, len))
+      return false;
+    hs_option_too_big(hs, opt, out);
+    *res = HS_CONTINUE;
+  } else {
+    CLEANUP_FREE uint8_t *data = malloc(len ? len : 1);
+    if (!data || !read_full(c, data, len))
+      return false;
+    refresh_exports(c, hs);
+    struct hs_catalog cat = conn_catalog(c);
+    *res = hs_option(hs, &cat, opt, data, len, out);
+  }
+  if (*res == HS_GO && !open_device_conn(c, hs->export_index)) {
+    if (opt != NBD_OPT_GO)
+      return false; /* EXPORT_NAME cannot be refused but by closing */
+    hs_refuse_go(hs, opt, bd_errmsg(), out);
+    *res = HS_CONTINUE;
+  }
+  log_debug("connection %u: option %u (%u bytes) -> %d", c->id, opt, len,
+            (int)*res);
+  return true;
+}
+
+/* What the negotiation settled, for the transmission phase. */
+static void take_negotiated(struct conn *c, const struct hs_state *hs) {
+  const struct hs_export *he = &c->set->hs[hs->export_index];
+  c->tx =
+      (struct wire_tx){.size = he->size,
+                       .tflags = hs->tflags,
+                       .structured = hs->structured,
+                       .extended = hs->extended,
+                       .ncontexts = (unsigned)hs->ctx_base + hs->ctx_depth +
+                                    (unsigned)__builtin_popcount(hs->ctx_extra),
+                       .max_payload = max_payload(he)};
+  c->ctx_base = hs->ctx_base;
+  c->ctx_depth = hs->ctx_depth;
+  c->ctx_extra = hs->ctx_extra;
+  log_debug("connection %u (%s): export '%s'%s%s", c->id, c->peer, c->exp->name,
+            hs->structured ? ", structured replies" : "",
+            hs->extended ? ", extended headers" : "");
+}
+
 /* Returns true when the client chose an export and transmission starts. */
 static bool handshake(struct conn *c) {
   struct hs_state hs = {.tls = c->srv->tls};
   struct hs_out out = {0};
-  uint8_t hdr[16];
   bool ok = false;
   unsigned limit = c->srv->limits.handshake_ms;
   c->hs_deadline = limit ? mono_ms() + limit : 0;
 
   hs_greeting(&out);
-  uint8_t cf[4];
-  if (!flush_out(c, &out) || !read_full(c, cf, 4))
+  if (!flush_out(c, &out) || !read_client_flags(c, &hs))
     goto done;
-  if (!hs_client_flags(&hs, get_be32(cf))) {
-    log_info("connection %u (%s): unknown client flags 0x%x", c->id, c->peer,
-             get_be32(cf));
-    goto done;
-  }
   for (;;) {
-    if (!read_full(c, hdr, 16))
-      goto done;
-    if (get_be64(hdr) != NBD_IHAVEOPT) {
-      log_info("connection %u (%s): bad option magic", c->id, c->peer);
-      goto done;
-    }
-    uint32_t opt = get_be32(hdr + 8), len = get_be32(hdr + 12);
     enum hs_result res;
-    if (len > HS_MAX_OPTION_DATA) {
-      if (opt == NBD_OPT_EXPORT_NAME || len > DISCARD_MAX ||
-          !discard_bytes(c, len))
-        goto done;
-      hs_option_too_big(&hs, opt, &out);
-      res = HS_CONTINUE;
-    } else {
-      CLEANUP_FREE uint8_t *data = malloc(len ? len : 1);
-      if (!data || !read_full(c, data, len))
-        goto done;
-      refresh_exports(c, &hs);
-      struct hs_catalog cat = conn_catalog(c);
-      res = hs_option(&hs, &cat, opt, data, len, &out);
-    }
-    if (res == HS_GO && !open_device_conn(c, hs.export_index)) {
-      if (opt != NBD_OPT_GO)
-        goto done; /* EXPORT_NAME cannot be refused but by closing */
-      hs_refuse_go(&hs, opt, bd_errmsg(), &out);
-      res = HS_CONTINUE;
-    }
-    log_debug("connection %u: option %u (%u bytes) -> %d", c->id, opt, len,
-              (int)res);
-    if (!flush_out(c, &out) || res == HS_CLOSE)
+    if (!handshake_option(c, &hs, &out, &res) || !flush_out(c, &out) ||
+        res == HS_CLOSE)
       goto done;
     if (res == HS_STARTTLS && !start_tls(c, &hs))
       goto done;
     if (res == HS_GO)
       break;
   }
-  const struct hs_export *he = &c->set->hs[hs.export_index];
-  c->tx =
-      (struct wire_tx){.size = he->size,
-                       .tflags = hs.tflags,
-                       .structured = hs.structured,
-                       .extended = hs.extended,
-                       .ncontexts = (unsigned)hs.ctx_base + hs.ctx_depth +
-                                    (unsigned)__builtin_popcount(hs.ctx_extra),
-                       .max_payload = max_payload(he)};
-  c->ctx_base = hs.ctx_base;
-  c->ctx_depth = hs.ctx_depth;
-  c->ctx_extra = hs.ctx_extra;
+  take_negotiated(c, &hs);
   ok = true;
-  log_debug("connection %u (%s): export '%s'%s%s", c->id, c->peer, c->exp->name,
-            hs.structured ? ", structured replies" : "",
-            hs.extended ? ", extended headers" : "");
 done:
   hs_out_free(&out);
   c->hs_deadline = 0;
@@ -312,6 +358,34 @@ done:
 }
 
 /* ---- requests ---- */
+
+void conn_wake_locked(struct conn *c) {
+  if (!c->waiting)
+    return;
+  c->waiting = false;
+  uint64_t one = 1;
+  ssize_t r = write(c->wakefd, &one, sizeof one);
+  (void)r; /* an eventfd write fails only when the counter is saturated */
+}
+
+/* A request is finished, its reply sent (or dropped): count it, give back
+ * its in-flight budget and keep it for reuse. */
+void conn_release_locked(struct conn *c, struct nreq *n) {
+  if (c->exp->mx)
+    metrics_req_done(c->exp->mx, metrics_cmd_of_nbd(n->r.type), n->t0,
+                     n->r.length, n->failed);
+  c->inflight--;
+  c->inflight_bytes -= n->cost;
+  if (n->bufcap > 1024 * 1024) {
+    free(n->buf);
+    n->buf = NULL;
+    n->bufcap = 0;
+  }
+  n->next = c->freelist;
+  c->freelist = n;
+  if (c->wake_on_release)
+    conn_wake_locked(c);
+}
 
 /* A request struct from the free list (or a new one), counted in flight. */
 static struct nreq *get_req(struct conn *c, uint64_t cost) {
@@ -355,7 +429,7 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
 /* ---- metrics, counted only with --metrics ---- */
 
 /* The request is counted done when its reply has left the socket (or is
- * dropped): conn_release_locked() in send.c. */
+ * dropped): conn_release_locked(). */
 static void count_start(struct conn *c, struct nreq *n) {
   n->failed = false;
   if (c->exp->mx)
@@ -372,7 +446,7 @@ static void req_done(struct bd_req *bdr, int err) {
   struct nreq *n = (struct nreq *)bdr;
   count_done(n, err != 0);
   reply_build(n, err);
-  send_queue(n->c, n);
+  send_queue(&n->c->out, n);
 }
 
 static void fail_req(struct conn *c, struct nreq *n, uint32_t err,
@@ -382,7 +456,7 @@ static void fail_req(struct conn *c, struct nreq *n, uint32_t err,
            (unsigned long long)n->r.length, msg);
   count_done(n, true);
   reply_error(n, err, msg);
-  send_queue(c, n);
+  send_queue(&c->out, n);
 }
 
 /* BLOCK_STATUS with a payload: u64 effect length, then the context ids the
@@ -408,24 +482,28 @@ static bool parse_bs_payload(struct conn *c, struct nreq *n) {
 }
 
 /* One device request of a block status finished: the last one replies. */
-static void bs_done(struct nreq *n, int err) {
-  if (err < 0)
-    __atomic_compare_exchange_n(&n->part_err, &(int){0}, err, false,
-                                __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+static void bs_done(struct nreq *n, const struct bd_req *part, int err) {
+  /* The first failure's message is the reply's, written before this part
+   * stops counting. */
+  if (err < 0 &&
+      __atomic_compare_exchange_n(&n->part_err, &(int){0}, err, false,
+                                  __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+      part != &n->bdr)
+    memcpy(n->bdr.errmsg, part->errmsg, sizeof n->bdr.errmsg);
   if (__atomic_sub_fetch(&n->pending, 1, __ATOMIC_ACQ_REL) > 0)
     return;
   err = __atomic_load_n(&n->part_err, __ATOMIC_RELAXED);
   count_done(n, err != 0);
   reply_build(n, err);
-  send_queue(n->c, n);
+  send_queue(&n->c->out, n);
 }
 
 static void bs_alloc_done(struct bd_req *bdr, int err) {
-  bs_done((struct nreq *)bdr, err);
+  bs_done((struct nreq *)bdr, bdr, err);
 }
 
 static void bs_part_done(struct bd_req *bdr, int err) {
-  bs_done(((struct bs_part *)bdr)->n, err);
+  bs_done(((struct bs_part *)bdr)->n, bdr, err);
 }
 
 static bool ensure_parts(struct nreq *n) {
@@ -612,7 +690,7 @@ static bool at_limit_locked(struct conn *c) {
  * the payload of one already admitted: a write larger than the whole
  * budget would otherwise wait for itself. */
 static bool want_input_locked(struct conn *c) {
-  if (c->eof || c->dead)
+  if (c->eof || send_dead_locked(&c->out))
     return false;
   return c->cur || c->discard > 0 || !at_limit_locked(c);
 }
@@ -800,9 +878,12 @@ static void abandon(struct conn *c, struct nreq **pn) {
   *pn = NULL;
 }
 
-/* No more input: a request still waiting for its payload is abandoned. */
+/* No more input: a request still waiting for its payload is abandoned,
+ * and so are the ones that have not started (the client is gone, or the
+ * server gave up on it). */
 static void stop_reading(struct conn *c) {
   c->eof = true;
+  bd_conn_cancel(c->exp->dev->bd, c->bconn);
   abandon(c, &c->cur);
   abandon(c, &c->refused);
 }
@@ -829,6 +910,140 @@ static int idle_time_left(struct conn *c) {
   return left > 0 ? (int)left : 0;
 }
 
+/* A server shutdown gives the client grace_ms to collect its replies. */
+struct grace {
+  struct timespec deadline;
+  bool set;
+};
+
+/* Whether to stop reading: the grace of a shutdown ran out, or the
+ * socket failed and nobody will hear the replies. */
+static void check_end(struct conn *c, struct grace *g) {
+  if (!g->set && closing(c)) {
+    clock_gettime(CLOCK_MONOTONIC, &g->deadline);
+    g->deadline.tv_sec += c->srv->grace_ms / 1000;
+    g->deadline.tv_nsec += (long)(c->srv->grace_ms % 1000) * 1000000;
+    if (g->deadline.tv_nsec >= 1000000000) {
+      g->deadline.tv_sec++;
+      g->deadline.tv_nsec -= 1000000000;
+    }
+    g->set = true;
+  }
+  if (g->set && !c->eof && grace_left(c, &g->deadline) == 0) {
+    log_info("connection %u (%s): closing for shutdown", c->id, c->peer);
+    stop_reading(c);
+  }
+  pthread_mutex_lock(&c->lock);
+  bool dead = send_dead_locked(&c->out);
+  pthread_mutex_unlock(&c->lock);
+  if (dead && !c->eof)
+    stop_reading(c); /* nobody will hear the replies: stop taking work */
+}
+
+/* Submit what the read buffer holds, and what more the socket has,
+ * with the replies that complete meanwhile sent together. */
+static void dispatch_input(struct conn *c) {
+  send_cork(&c->out);
+  bd_plug_begin(); /* the requests of these reads start together */
+  process_input(c);
+  read_more(c);
+  bd_plug_end();
+  send_uncork(&c->out);
+  bd_poller_run(); /* what finished meanwhile, answered in one send */
+}
+
+/* What the connection thread waits for next, decided under the lock. */
+struct wait_plan {
+  bool in, out; /* POLLIN, POLLOUT on the socket */
+  bool idle;    /* nothing in flight: the idle timer runs */
+};
+enum plan { PLAN_END, PLAN_AGAIN, PLAN_WAIT };
+
+static enum plan plan_wait(struct conn *c, struct wait_plan *w) {
+  enum plan p = PLAN_WAIT;
+  pthread_mutex_lock(&c->lock);
+  bool dead = send_dead_locked(&c->out);
+  if ((c->eof || dead) && c->inflight == 0) {
+    p = PLAN_END;
+  } else if (c->held && !c->eof && !dead && !at_limit_locked(c)) {
+    /* Requests held back at the budget are already here: once replies
+     * free budget, parse them at once.  The client may have sent all it
+     * will, so waiting for the socket to become readable could be
+     * forever. */
+    p = PLAN_AGAIN;
+  } else {
+    w->in = want_input_locked(c);
+    w->out = send_wants_pollout_locked(&c->out);
+    w->idle = c->inflight == 0 && w->in && !w->out;
+    c->waiting = true;
+    /* A reply that frees budget changes nothing for a thread that reads
+     * anyway: waking it would cost a write and a context switch per
+     * batch of replies.  It matters when the budget, the end of the
+     * connection or the idle timer (which starts when the last reply
+     * goes) holds it. */
+    c->wake_on_release = !w->in || c->held || c->srv->limits.idle_ms;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return p;
+}
+
+static void set_awake(struct conn *c) {
+  pthread_mutex_lock(&c->lock);
+  c->waiting = false;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* What poll() found on the socket: room to send, input, or a peer that
+ * is gone. */
+static void socket_events(struct conn *c, const struct wait_plan *w,
+                          short revents, int64_t slept) {
+  if (revents & POLLOUT)
+    send_writable(&c->out);
+  bool readable = revents & (POLLIN | POLLHUP | POLLERR);
+  if (w->in && (revents & POLLIN))
+    note_sleep(c, mono_ns() - slept);
+  if (w->in && (readable || (c->tls && tls_pending(c->tls) > 0))) {
+    if (read_input(c) == INPUT_END)
+      stop_reading(c);
+  } else if (revents & (POLLHUP | POLLERR)) {
+    /* The peer is gone while we only wait to send: drop the replies. */
+    send_fail(&c->out);
+  }
+}
+
+/* Spin, or sleep in poll() for at most TIMEOUT ms, then take what came.
+ * False when poll() fails. */
+static bool wait_events(struct conn *c, const struct wait_plan *w,
+                        int timeout) {
+  struct pollfd p[3] = {
+      {.fd = c->fd,
+       .events = (short)((w->in ? POLLIN : 0) | (w->out ? POLLOUT : 0))},
+      {.fd = c->wakefd, .events = POLLIN},
+      {.fd = bd_poller_fd(), .events = POLLIN}, /* -1: ignored */
+  };
+  enum input in;
+  if (w->in && !w->out && timeout < 0 && spin_read(c, &in)) {
+    set_awake(c);
+    if (in == INPUT_END)
+      stop_reading(c);
+    return true;
+  }
+  /* poll() cannot see what TLS has already decrypted. */
+  if (w->in && c->tls && tls_pending(c->tls) > 0)
+    timeout = 0;
+  int64_t slept = w->in ? mono_ns() : 0;
+  if (poll(p, 3, timeout) < 0 && errno != EINTR)
+    return false;
+  set_awake(c);
+  if (p[1].revents & POLLIN) {
+    uint64_t v;
+    ssize_t r = read(c->wakefd, &v, sizeof v);
+    (void)r;
+  }
+  socket_events(c, w, p[0].revents, slept);
+  return true;
+}
+
 static void transmission(struct conn *c) {
   c->last_input = mono_ms();
   fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
@@ -836,117 +1051,30 @@ static void transmission(struct conn *c) {
   c->transmitting = true;
   bool early = c->closing; /* shutdown began during the handshake */
   pthread_mutex_unlock(&c->lock);
-  struct timespec deadline = {0, 0};
-  bool have_deadline = false;
+  struct grace g = {{0, 0}, false};
   if (early)
     c->eof = true;
   for (;;) {
-    if (!have_deadline && closing(c)) {
-      clock_gettime(CLOCK_MONOTONIC, &deadline);
-      deadline.tv_sec += c->srv->grace_ms / 1000;
-      deadline.tv_nsec += (long)(c->srv->grace_ms % 1000) * 1000000;
-      if (deadline.tv_nsec >= 1000000000) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000;
-      }
-      have_deadline = true;
-    }
-    if (have_deadline && !c->eof && grace_left(c, &deadline) == 0) {
-      log_info("connection %u (%s): closing for shutdown", c->id, c->peer);
-      stop_reading(c);
-    }
-    pthread_mutex_lock(&c->lock);
-    bool dead = c->dead;
-    pthread_mutex_unlock(&c->lock);
-    if (dead && !c->eof)
-      stop_reading(c); /* nobody will hear the replies: stop taking work */
-    send_cork(c);
-    bd_plug_begin(); /* the requests of these reads start together */
-    process_input(c);
-    read_more(c);
-    bd_plug_end();
-    send_uncork(c);
-    bd_poller_run(); /* what finished meanwhile, answered in one send */
-
-    pthread_mutex_lock(&c->lock);
-    if ((c->eof || c->dead) && c->inflight == 0) {
-      pthread_mutex_unlock(&c->lock);
+    check_end(c, &g);
+    dispatch_input(c);
+    struct wait_plan w;
+    enum plan p = plan_wait(c, &w);
+    if (p == PLAN_END)
       break;
-    }
-    /* Requests held back at the budget are already here: once replies
-     * free budget, parse them at once.  The client may have sent all it
-     * will, so waiting for the socket to become readable could be
-     * forever. */
-    if (c->held && !c->eof && !c->dead && !at_limit_locked(c)) {
-      pthread_mutex_unlock(&c->lock);
+    if (p == PLAN_AGAIN)
       continue;
-    }
-    bool want_in = want_input_locked(c);
-    bool want_out = c->send_blocked && !c->dead;
-    bool idle = c->inflight == 0 && want_in && !want_out;
-    c->waiting = true;
-    /* A reply that frees budget changes nothing for a thread that reads
-     * anyway: waking it would cost a write and a context switch per batch
-     * of replies.  It matters when the budget, the end of the connection or
-     * the idle timer (which starts when the last reply goes) holds it. */
-    c->wake_on_release = !want_in || c->held || c->srv->limits.idle_ms;
-    pthread_mutex_unlock(&c->lock);
-    int idle_left = idle ? idle_time_left(c) : -1;
+    int idle_left = w.idle ? idle_time_left(c) : -1;
     if (idle_left == 0) {
       log_info("connection %u (%s): idle for %u s; closing", c->id, c->peer,
                c->srv->limits.idle_ms / 1000);
       stop_reading(c);
       continue;
     }
-
-    struct pollfd p[3] = {
-        {.fd = c->fd,
-         .events = (short)((want_in ? POLLIN : 0) | (want_out ? POLLOUT : 0))},
-        {.fd = c->wakefd, .events = POLLIN},
-        {.fd = bd_poller_fd(), .events = POLLIN}, /* -1: ignored */
-    };
-    enum input in;
-    int timeout = grace_left(c, &deadline);
+    int timeout = grace_left(c, &g.deadline);
     if (idle_left > 0 && (timeout < 0 || idle_left < timeout))
       timeout = idle_left;
-    if (want_in && !want_out && timeout < 0 && spin_read(c, &in)) {
-      pthread_mutex_lock(&c->lock);
-      c->waiting = false;
-      pthread_mutex_unlock(&c->lock);
-      if (in == INPUT_END)
-        stop_reading(c);
-      continue;
-    }
-    /* poll() cannot see what TLS has already decrypted. */
-    if (want_in && c->tls && tls_pending(c->tls) > 0)
-      timeout = 0;
-    int64_t slept = want_in ? mono_ns() : 0;
-    if (poll(p, 3, timeout) < 0 && errno != EINTR)
+    if (!wait_events(c, &w, timeout))
       break;
-    pthread_mutex_lock(&c->lock);
-    c->waiting = false;
-    pthread_mutex_unlock(&c->lock);
-    if (p[1].revents & POLLIN) {
-      uint64_t v;
-      ssize_t r = read(c->wakefd, &v, sizeof v);
-      (void)r;
-    }
-    if (p[0].revents & POLLOUT)
-      send_writable(c);
-    bool readable = p[0].revents & (POLLIN | POLLHUP | POLLERR);
-    if (want_in && (p[0].revents & POLLIN))
-      note_sleep(c, mono_ns() - slept);
-    if (want_in && (readable || (c->tls && tls_pending(c->tls) > 0))) {
-      if (read_input(c) == INPUT_END)
-        stop_reading(c);
-    } else if (p[0].revents & (POLLHUP | POLLERR)) {
-      /* The peer is gone while we only wait to send: drop the replies. */
-      pthread_mutex_lock(&c->lock);
-      c->dead = true;
-      c->send_blocked = false;
-      pthread_mutex_unlock(&c->lock);
-      send_writable(c);
-    }
   }
 }
 
@@ -967,7 +1095,7 @@ static void conn_free(struct conn *c) {
   }
   free(c->rbuf);
   tls_close(c->tls);
-  free(c->tls_wbuf);
+  send_free(&c->out);
   if (c->wakefd >= 0)
     close(c->wakefd);
   close(c->fd);
@@ -1036,8 +1164,7 @@ bool conn_start(struct server *srv, int fd, const char *peer,
   c->wakefd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   c->rbuf = malloc(RBUF_SIZE);
   c->rcap = RBUF_SIZE;
-  c->sq_tail = &c->sq_head;
-  send_init(c);
+  send_init(&c->out, c);
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   /* Adaptive: spin briefly before sleeping, as hold times are tiny. */
   pthread_mutexattr_t ma;

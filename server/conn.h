@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Internals of one NBD connection, shared by conn.c (reading and
  * dispatching requests), reply.c (laying out replies) and send.c (the
- * reply queue).  Not for use outside server/. */
+ * reply queue, send.h).  Not for use outside server/. */
 #ifndef BLOCKPORT_CONN_H
 #define BLOCKPORT_CONN_H
 
@@ -12,6 +12,7 @@
 
 #include "core/blockdev.h"
 #include "exports.h"
+#include "send.h"
 #include "server.h"
 #include "wire.h"
 
@@ -62,6 +63,10 @@ struct nreq {
   struct nreq *next;
 };
 
+/* Who touches what: the connection thread owns the fields above
+ * "Input" before transmission starts, and everything under "Input";
+ * after that the fields above it are read-only, for the threads that
+ * send replies too (send.h). */
 struct conn {
   int fd;
   int wakefd; /* eventfd: completions wake the connection thread */
@@ -76,12 +81,8 @@ struct conn {
   bool ctx_base, ctx_depth;
   uint32_t ctx_extra; /* bit i: context HS_CTX_EXTRA + i */
   struct conn *next;  /* in srv->conns */
-  /* After STARTTLS every byte goes through the session.  The sender
-   * stages a record in tls_wbuf; a send that would block is repeated with
-   * the same bytes, as GnuTLS requires. */
+  /* After STARTTLS every byte goes through the session. */
   struct tls_session *tls;
-  uint8_t *tls_wbuf;
-  size_t tls_wlen;
 
   /* Input, touched only by the connection thread. */
   uint8_t *rbuf;
@@ -94,36 +95,32 @@ struct conn {
   bool eof;             /* no more requests will be read */
   bool held;            /* process_input() stopped at the budget with
                          * input left in rbuf */
+  unsigned spin;        /* reads to try before sleeping (spin_read()) */
   int64_t hs_deadline;  /* ms (monotonic): the handshake's end, 0: none */
   bool hs_timed_out;    /* ... and it passed (counted once) */
   int64_t last_input;   /* ms (monotonic): when a request last arrived */
 
   /* Everything below is guarded by lock. */
   pthread_mutex_t lock;
+  /* The budget: taken by the connection thread, given back by whoever
+   * sends or drops the reply (conn_release_locked()). */
   unsigned inflight;
   uint64_t inflight_bytes;
   struct nreq *freelist;
-  struct nreq *sq_head, **sq_tail; /* replies waiting to be sent */
-  bool sending; /* somebody holds the right to write the socket */
-  bool corked;  /* ... and it is the connection thread */
-  bool batched; /* ... and it is a source's completion batch, which
-                 * sends at its end (batch_hook) */
-  struct bd_batch_hook batch_hook;
-  bool send_blocked;    /* the socket is full: wait for POLLOUT */
-  bool dead;            /* the socket failed: drop replies */
+  /* Output: the reply queue, its own object (send.h); its shared fields
+   * are guarded by lock too. */
+  struct sender out;
+  /* Waking the connection thread: set by it before it sleeps (or by
+   * whoever must have it look again), cleared by conn_wake_locked(). */
   bool waiting;         /* the connection thread wants a wake-up */
   bool wake_on_release; /* ... also when a finished request frees budget */
-  unsigned spin;        /* reads to try before sleeping (spin_read()) */
-  bool transmitting;    /* past the handshake */
-  bool closing;         /* server shutdown: new requests get ESHUTDOWN */
+  /* Shutdown: set by the server's thread (conn_begin_shutdown()), read
+   * by the connection thread. */
+  bool transmitting; /* past the handshake */
+  bool closing;      /* server shutdown: new requests get ESHUTDOWN */
 };
 
-/* send.c */
-void send_queue(struct conn *c, struct nreq *n);
-void send_init(struct conn *c);
-void send_cork(struct conn *c);
-void send_uncork(struct conn *c);
-void send_writable(struct conn *c);
+/* conn.c, for send.c: with the lock held. */
 void conn_release_locked(struct conn *c, struct nreq *n);
 void conn_wake_locked(struct conn *c);
 

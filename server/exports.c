@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "core/log.h"
+#include "core/open.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
 #include "server.h"

@@ -16,6 +16,7 @@
 
 #include "access.h"
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "handshake.h"
 
 struct server;

@@ -55,8 +55,8 @@ struct metrics_http {
   struct client clients[METRICS_HTTP_CLIENTS];
   struct pollfd pfd[2 + METRICS_HTTP_CLIENTS];
 };
-bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
-                        char *port, size_t portlen) {
+bool metrics_http_parse_addr(const char *text, char *host, size_t hostlen,
+                             char *port, size_t portlen) {
   const char *colon, *h = text;
   size_t hl;
   if (text[0] == '[') {
@@ -85,7 +85,7 @@ bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
 
 static int listen_on(const char *text) {
   char host[256], port[8];
-  if (!metrics_parse_addr(text, host, sizeof host, port, sizeof port)) {
+  if (!metrics_http_parse_addr(text, host, sizeof host, port, sizeof port)) {
     bd_set_error("--metrics %s: expected ADDR:PORT or [ADDR]:PORT", text);
     return -EINVAL;
   }

@@ -136,8 +136,8 @@ enum metrics_http_verdict metrics_http_parse(const char *buf, size_t len);
 /* metrics-http.c: the listener for GET /metrics. */
 struct metrics_http;
 /* Parse ADDR:PORT ([V6ADDR]:PORT for IPv6).  False if malformed. */
-bool metrics_parse_addr(const char *text, char *host, size_t hostlen,
-                        char *port, size_t portlen);
+bool metrics_http_parse_addr(const char *text, char *host, size_t hostlen,
+                             char *port, size_t portlen);
 /* Bind TEXT (ADDR:PORT) and serve M on a thread of its own: one poll()
  * loop over non-blocking sockets, so that an idle or slow client delays
  * no other.  At most METRICS_HTTP_CLIENTS clients at once; each has

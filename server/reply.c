@@ -186,8 +186,8 @@ void reply_build(struct nreq *n, int err) {
              "failed: %s",
              c->id, c->peer, c->exp->name, n->r.type,
              (unsigned long long)n->r.offset, (unsigned long long)n->bdr.length,
-             bd_errmsg());
-    reply_error(n, wire_errno_from(err), bd_errmsg());
+             n->bdr.errmsg);
+    reply_error(n, wire_errno_from(err), n->bdr.errmsg);
     return;
   }
   switch (n->r.type) {

@@ -10,6 +10,7 @@
 
 #include "core/blockdev.h"
 #include "core/checkpoint.h"
+#include "core/open.h"
 #include "handshake.h"
 
 struct acl_rule;
@@ -91,7 +92,7 @@ int server_add_view(struct server *srv, const char *name, struct bd *view_bd,
  * the view stays listed until the next change. */
 int server_remove_view(struct server *srv, const char *name);
 
-/* ---- running a server (serve.c), as the command line asks ---- */
+/* ---- running a server (server.c), as the command line asks ---- */
 
 struct serve_opts {
   /* Where to listen.  Neither a socket nor sockets from systemd: TCP port

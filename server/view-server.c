@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* The view server (view-server.h): server_run()'s pieces (serve.c) on a
+/* The view server (view-server.h): server_run()'s pieces (server.c) on a
  * configuration without exports, its accept loop on a thread stopped
  * through an eventfd. */
 #include "view-server.h"

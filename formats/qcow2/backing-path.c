@@ -9,6 +9,7 @@
 
 #include "backing-path.h"
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "formats/probe.h"
 
 char *qcow2_backing_path(const char *image, const char *name) {

@@ -19,6 +19,7 @@
 #include "core/blockdev.h"
 #include "core/byteorder.h"
 #include "core/io.h"
+#include "core/source.h"
 #include "qcow2-internal.h"
 
 struct ctx_bitmap {

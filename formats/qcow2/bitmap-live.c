@@ -29,6 +29,7 @@
 #include "core/byteorder.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/source.h"
 #include "dirty-bitmaps.h"
 #include "guard.h"
 #include "overlap.h"

@@ -20,6 +20,7 @@
 #include "core/blockdev.h"
 #include "core/byteorder.h"
 #include "core/io.h"
+#include "core/open.h"
 #include "guard.h"
 #include "qcow2-internal.h"
 #include "refs.h"

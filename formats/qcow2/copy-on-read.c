@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/open.h"
 
 #include "qcow2-internal.h"
 

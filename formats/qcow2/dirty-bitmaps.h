@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "bitmap.h"
+#include "core/source.h"
 #include "qcow2-internal.h"
 
 struct tracked {

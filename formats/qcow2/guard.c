@@ -73,32 +73,15 @@ static int refuse(struct qcow2dev *q, const char *what, const char *why) {
   return -EINVAL;
 }
 
-/* The snapshot table, read as far as it goes (as check.c does). */
 static int read_snapshots(struct qcow2dev *q, struct qcow2_snapshot **snaps,
                           size_t *used) {
-  uint64_t avail = q->file_size - q->h.snapshots_offset; /* header checked */
-  size_t len = 64 * 1024;
-  for (;;) {
-    if (len > avail)
-      len = (size_t)avail;
-    uint8_t *buf = malloc(len ? len : 1);
-    int r =
-        buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
-    if (r == 0)
-      r = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, q->csize,
-                                q->file_size, snaps, used);
-    free(buf);
-    if (r == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
-      len *= 4;
-      continue;
-    }
-    if (r == -ENOSPC || r == -EINVAL || r == -EFBIG) {
-      char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
-      snprintf(why, sizeof why, "%s", bd_errmsg());
-      return refuse(q, "snapshot table", why);
-    }
-    return r;
+  int r = qcow2_read_snapshots(q->fd, q->file_size, &q->h, true, snaps, used);
+  if (r == -ENOSPC || r == -EINVAL || r == -EFBIG) {
+    char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    return refuse(q, "snapshot table", why);
   }
+  return r;
 }
 
 static int walk_snapshots(struct walk *w) {

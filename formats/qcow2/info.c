@@ -2,6 +2,7 @@
 /* qcow2 facts for `blockport info`: the header, snapshot table and bitmap
  * directory, through the same parsers the source and `check` use. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,42 +14,23 @@
 /* Bytes of the file read for the header and its extensions. */
 #define HEADER_READ (2u << 20)
 
-/* The snapshot table, read in growing pieces until it parses. */
 static int read_snapshots(int fd, uint64_t file_size,
                           const struct qcow2_header *h,
                           struct qcow2_info *out) {
   if (!h->nb_snapshots)
     return 0;
-  /* qcow2_parse_header checked that the table starts inside the file. */
-  uint64_t avail = file_size - h->snapshots_offset;
-  if (avail > QCOW2_MAX_SNAPSHOTS_BYTES)
-    avail = QCOW2_MAX_SNAPSHOTS_BYTES;
-  size_t len = avail < 65536 ? (size_t)avail : 65536;
-  for (;;) {
-    CLEANUP_FREE uint8_t *buf = malloc(len ? len : 1);
-    if (!buf)
-      return qcow2_err(-ENOMEM, "out of memory");
-    int r = io_pread_exact(fd, buf, len, h->snapshots_offset);
-    if (r < 0)
-      return qcow2_err(r, "corrupt snapshot table: %s", strerror(-r));
-    size_t used;
-    r = qcow2_parse_snapshots(buf, len, h->nb_snapshots,
-                              1ull << h->cluster_bits, file_size, &out->snaps,
-                              &used);
-    if (r == 0) {
-      out->nsnaps = h->nb_snapshots;
-      return 0;
-    }
-    if (r != -ENOSPC || len >= avail) {
-      char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
-      strncpy(why, bd_errmsg(), sizeof why - 1);
-      why[sizeof why - 1] = 0;
-      return qcow2_err(r == -ENOSPC ? -EINVAL : r,
-                       "corrupt snapshot table: %s%s", why,
-                       r == -ENOSPC ? " (past the end of the file)" : "");
-    }
-    len = len * 4 < avail ? len * 4 : (size_t)avail;
+  size_t used;
+  int r = qcow2_read_snapshots(fd, file_size, h, true, &out->snaps, &used);
+  if (r == 0) {
+    out->nsnaps = h->nb_snapshots;
+    return 0;
   }
+  if (r == -ENOMEM)
+    return r;    /* said */
+  char why[256]; /* bd_errmsg()'s buffer is about to be rewritten */
+  snprintf(why, sizeof why, "%s", bd_errmsg());
+  return qcow2_err(r == -ENOSPC ? -EINVAL : r, "corrupt snapshot table: %s%s",
+                   why, r == -ENOSPC ? " (past the end of the file)" : "");
 }
 
 /* The bitmap directory the header's bitmaps extension names, when the

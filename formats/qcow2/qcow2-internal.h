@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/blockdev.h"
+#include "core/source.h"
 #include "core/uring.h"
 #include "qcow2.h"
 

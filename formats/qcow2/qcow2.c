@@ -21,6 +21,7 @@
 #include "core/filelock.h"
 #include "core/io.h"
 #include "core/log.h"
+#include "core/source.h"
 #include "dirty-bitmaps.h"
 #include "formats/formats.h"
 #include "formats/map.h"

@@ -317,27 +317,12 @@ static int read_snapshots(struct refs *r) {
   int past = snapshots_past_end(r);
   if (past != 0)
     return past < 0 ? past : 0;
-  uint64_t avail = q->file_size - q->h.snapshots_offset;
-  size_t len = 64 * 1024;
-  for (;;) {
-    if (len > avail)
-      len = (size_t)avail;
-    uint8_t *buf = malloc(len ? len : 1);
-    int e =
-        buf ? io_pread_zero(q->fd, buf, len, q->h.snapshots_offset) : -ENOMEM;
-    /* Cluster size 0: each snapshot's L1 table is judged below. */
-    if (e == 0)
-      e = qcow2_parse_snapshots(buf, len, q->h.nb_snapshots, 0, 0, &r->snaps,
-                                &r->snaps_used);
-    free(buf);
-    if (e == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
-      len *= 4; /* the table is longer: read more */
-      continue;
-    }
-    if (e == 0)
-      r->nsnaps = q->h.nb_snapshots;
-    return snapshot_table_error(r, e);
-  }
+  /* Without the L1 checks: each snapshot's L1 table is judged below. */
+  int e = qcow2_read_snapshots(q->fd, q->file_size, &q->h, false, &r->snaps,
+                               &r->snaps_used);
+  if (e == 0)
+    r->nsnaps = q->h.nb_snapshots;
+  return snapshot_table_error(r, e);
 }
 
 /* Each snapshot's L1 tree, then the table's own clusters.  An L1 table

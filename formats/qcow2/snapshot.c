@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/byteorder.h"
+#include "core/io.h"
 #include "qcow2.h"
 #include "snapshot.h"
 
@@ -124,4 +125,32 @@ int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
   *out = s;
   *used = off;
   return 0;
+}
+
+int qcow2_read_snapshots(int fd, uint64_t file_size,
+                         const struct qcow2_header *h, bool check_l1,
+                         struct qcow2_snapshot **out, size_t *used) {
+  uint64_t off = h->snapshots_offset;
+  uint64_t avail = off < file_size ? file_size - off : 0;
+  uint64_t csize = check_l1 ? 1ull << h->cluster_bits : 0;
+  size_t len = 64 * 1024;
+  for (;;) {
+    if (len > avail)
+      len = (size_t)avail;
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf)
+      return qcow2_err(-ENOMEM, "out of memory");
+    int r = io_pread_zero(fd, buf, len, off);
+    if (r < 0)
+      qcow2_err(r, "%s", strerror(-r));
+    else
+      r = qcow2_parse_snapshots(buf, len, h->nb_snapshots, csize,
+                                check_l1 ? file_size : 0, out, used);
+    free(buf);
+    if (r == -ENOSPC && len < avail && len < QCOW2_MAX_SNAPSHOTS_BYTES) {
+      len *= 4; /* the table is longer: read more */
+      continue;
+    }
+    return r;
+  }
 }

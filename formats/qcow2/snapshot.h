@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* qcow2 internal snapshots: parsing the snapshot table from a buffer, with
- * every length checked before it is used.  Pure, for the unit tests and
- * `blockport info`. */
+ * every length checked before it is used (pure, for the unit tests and
+ * the fuzzers), and reading it from an image, for every reader of the
+ * table (`blockport info`, the open for writing, `check`). */
 #ifndef BLOCKPORT_QCOW2_SNAPSHOT_H
 #define BLOCKPORT_QCOW2_SNAPSHOT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,5 +39,18 @@ int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
                           uint64_t cluster_size, uint64_t file_size,
                           struct qcow2_snapshot **out, size_t *used);
 void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb);
+
+struct qcow2_header;
+/* Read the snapshot table H names from FD, a file of FILE_SIZE bytes, in
+ * growing pieces until it parses (up to QCOW2_MAX_SNAPSHOTS_BYTES; what
+ * lies past the end of the file reads as zeroes), and parse it as
+ * qcow2_parse_snapshots() does, checking each snapshot's L1 table against
+ * the cluster size and the file when CHECK_L1.  Returns 0 with *OUT and
+ * *USED, -ENOSPC when the table runs past the end of the file, the
+ * parser's -EINVAL or -EFBIG, -ENOMEM, or the -errno of a read; with a
+ * reason in bd_errmsg(). */
+int qcow2_read_snapshots(int fd, uint64_t file_size,
+                         const struct qcow2_header *h, bool check_l1,
+                         struct qcow2_snapshot **out, size_t *used);
 
 #endif

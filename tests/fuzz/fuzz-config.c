@@ -60,8 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (r == 0) {
     check_config(&c, size);
     struct export_conf copy;
-    if (export_conf_copy(&copy, &c.v[0]) == 0)
-      export_conf_free(&copy);
+    if (config_export_copy(&copy, &c.v[0]) == 0)
+      config_export_free(&copy);
   } else {
     CHECK(c.n == 0 && c.v == NULL);
     CHECK(r == -EINVAL || r == -ENOMEM);

@@ -28,6 +28,7 @@
 
 #include "core/blockdev.h"
 #include "core/log.h"
+#include "core/open.h"
 #include "formats/qcow2/check.h"
 #include "formats/qcow2/qcow2-internal.h"
 #include "formats/qcow2/qcow2.h"

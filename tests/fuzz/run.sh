@@ -17,7 +17,7 @@ root=$(cd "$here/../.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 targets=(fuzz-handshake fuzz-request fuzz-qcow2 fuzz-qcow2-info fuzz-partition
          fuzz-virtq fuzz-config fuzz-probe fuzz-rbd-spec fuzz-metrics-http
-         fuzz-control)
+         fuzz-control fuzz-vhost-user fuzz-nbd-uri)
 
 cmake -S "$root" -B "$build" -DBLOCKPORT_FUZZ=ON -DBLOCKPORT_TESTS=OFF \
   -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \

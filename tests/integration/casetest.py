@@ -6,6 +6,7 @@ checks every case uses, wait_until, and the runner that prints "ok NAME",
 
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -47,6 +48,23 @@ def blockport_usable(path):
         return True
     print("SKIP: BLOCKPORT is unset or not executable (%r)" % path)
     return False
+
+
+def built_with(blockport):
+    """The optional parts the binary was built with (core/features.h), as
+    `blockport --version` lists them: {"rbd", "fuse", "tls", ...}."""
+    out = subprocess.run([blockport, "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    for line in out.splitlines():
+        if line.startswith("built with:"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def require_feature(blockport, part):
+    """Skip the case unless the binary was built with PART."""
+    if part not in built_with(blockport):
+        raise Skip("blockport was built without %s" % part)
 
 
 def run(cases, wanted, run_case, expected=()):

@@ -360,6 +360,33 @@ if [[ ! -x $BLOCKPORT || -d $BLOCKPORT ]]; then
     skip "BLOCKPORT=$BLOCKPORT is not an executable file"
 fi
 
+# The optional parts blockport was built with (core/features.h), as
+# `blockport --version` lists them: "rbd fuse vhost plugins tls io_uring".
+BUILT_WITH=" $("$BLOCKPORT" --version | sed -n 's/^built with: //p') "
+# has_feature PART: whether it was built in.
+has_feature() {
+    [[ $BUILT_WITH == *" $1 "* ]]
+}
+# can_mount: blockport mount can run here (built with FUSE, /dev/fuse,
+# fusermount3).
+can_mount() {
+    has_feature fuse && [[ -c /dev/fuse ]] && command -v fusermount3 >/dev/null
+}
+# command_part CMD: the optional part the command needs, if any.
+command_part() {
+    case $1 in
+    mount) echo fuse ;;
+    vhost) echo vhost ;;
+    esac
+}
+# require_feature PART...: skip (77) unless each was built in.
+require_feature() {
+    local f
+    for f in "$@"; do
+        has_feature "$f" || skip "blockport was built without $f"
+    done
+}
+
 # nbdsh runs "python3 -m nbd" with whatever python3 comes first on PATH,
 # which may be one without the libnbd bindings.  Shadow it with a wrapper
 # that uses $PY.
@@ -517,6 +544,15 @@ check_sanitizer_reports() {
         grep -nE -A20 'ERROR: (Address|Leak|Thread|Memory)Sanitizer|runtime error:|WARNING: ThreadSanitizer' "$1" | head -60 >&2
         fail "sanitizer report in $1"
     fi
+}
+
+# qio_completed FILE N: qemu-io's output in FILE reports N transfers done
+# in full ("read 4096/4096 bytes", "wrote ..."), and nothing failed: the
+# absence of a failure message alone also passes a run that did nothing.
+qio_completed() {
+    local done
+    done=$(grep -cE '^(read|wrote) ([0-9]+)/\2 bytes' "$1" || true)
+    [[ $done -eq $2 ]] && ! grep -qiE 'failed|error' "$1"
 }
 
 # random_file FILE MIB

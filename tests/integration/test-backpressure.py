@@ -269,6 +269,7 @@ def make_certs(t):
 def tls_unix(t):
     """GnuTLS decrypts whole records: requests held back at the limit may
     sit in its buffer as well as in the server's."""
+    casetest.require_feature(BLOCKPORT, "tls")
     certs, ca = make_certs(t)
     for limit, opts in LIMITS.items():
         srv = Server(t, "memory:64M",

@@ -12,6 +12,7 @@
 #     socket lists only the views; without --views-unix checkpoint says what
 #     to add; kill -9 with a view open leaves no fleece file.
 source "$(dirname "$0")/lib.sh"
+has_feature fuse || has_feature vhost || skip "blockport was built without FUSE and vhost"
 require qemu-img qemu-io
 require_py_nbd
 cd "$T"
@@ -78,8 +79,8 @@ unmount() {
 }
 
 check "mount: a view is the disk at its checkpoint; the next one's bitmap"
-if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
-    skip_case "no /dev/fuse or fusermount3"
+if ! can_mount; then
+    skip_case "no FUSE (in blockport), /dev/fuse or fusermount3"
 else
     mkdir mnt
     mount_fg
@@ -151,35 +152,39 @@ EOF
     ok "refused: read-only"
 fi
 
-check "vhost: the view of an idle device, kill -9 leaves no fleece"
-qemu-img convert -O raw disk.qcow2 expect.raw
-start_vhost() {
-    rm -f vhost.pid
-    "${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" \
-        -P "$T/vhost.pid" --control "$T/ctl.sock" "$@" disk.qcow2 \
-        </dev/null >>vhost.log 2>&1 &
-    VHOST_PID=$!
-    track_pid "$VHOST_PID"
-    wait_file 15 "$T/vhost.pid" "$VHOST_PID" ||
-        { cat vhost.log; fail "vhost did not start"; }
-}
-start_vhost --views-unix "$T/views.sock" --fleece-dir "$T/fleece"
-ctl checkpoint v1 | grep -q '"view":"@v1"' || fail "checkpoint v1"
-same_as @v1 expect.raw || fail "@v1 is not the image"
-ctl list | grep -q '"name":"v1"' || fail "list: no v1"
-kill -KILL "$VHOST_PID"
-wait "$VHOST_PID" 2>/dev/null || true
-wait_until 10 file_unlocked disk.qcow2 || fail "disk.qcow2 still locked after kill -9"
-[[ $(fleece_files) -eq 0 ]] || fail "fleece files left after kill -9"
-ok "@v1 equals the image; no fleece file after kill -9"
+if has_feature vhost; then
+    check "vhost: the view of an idle device, kill -9 leaves no fleece"
+    qemu-img convert -O raw disk.qcow2 expect.raw
+    start_vhost() {
+        rm -f vhost.pid
+        "${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" \
+            -P "$T/vhost.pid" --control "$T/ctl.sock" "$@" disk.qcow2 \
+            </dev/null >>vhost.log 2>&1 &
+        VHOST_PID=$!
+        track_pid "$VHOST_PID"
+        wait_file 15 "$T/vhost.pid" "$VHOST_PID" ||
+            { cat vhost.log; fail "vhost did not start"; }
+    }
+    start_vhost --views-unix "$T/views.sock" --fleece-dir "$T/fleece"
+    ctl checkpoint v1 | grep -q '"view":"@v1"' || fail "checkpoint v1"
+    same_as @v1 expect.raw || fail "@v1 is not the image"
+    ctl list | grep -q '"name":"v1"' || fail "list: no v1"
+    kill -KILL "$VHOST_PID"
+    wait "$VHOST_PID" 2>/dev/null || true
+    wait_until 10 file_unlocked disk.qcow2 || fail "disk.qcow2 still locked after kill -9"
+    [[ $(fleece_files) -eq 0 ]] || fail "fleece files left after kill -9"
+    ok "@v1 equals the image; no fleece file after kill -9"
 
-check "vhost without --views-unix: checkpoint says what to add"
-start_vhost
-expect_ctl_error "views-unix" checkpoint v2
-kill -TERM "$VHOST_PID"
-wait_until 30 _pid_gone "$VHOST_PID" || fail "vhost still running"
-rc=0
-wait "$VHOST_PID" 2>/dev/null || rc=$?
-[[ $rc -eq 0 ]] || fail "vhost exited $rc"
-check_sanitizer_reports vhost.log
-ok "refused, naming --views-unix"
+    check "vhost without --views-unix: checkpoint says what to add"
+    start_vhost
+    expect_ctl_error "views-unix" checkpoint v2
+    kill -TERM "$VHOST_PID"
+    wait_until 30 _pid_gone "$VHOST_PID" || fail "vhost still running"
+    rc=0
+    wait "$VHOST_PID" 2>/dev/null || rc=$?
+    [[ $rc -eq 0 ]] || fail "vhost exited $rc"
+    check_sanitizer_reports vhost.log
+    ok "refused, naming --views-unix"
+else
+    skip_case "blockport was built without vhost"
+fi

@@ -15,6 +15,15 @@ version=$("$BLOCKPORT" --version)
 for c in "${COMMANDS[@]}"; do
     out=$("$BLOCKPORT" "$c" --version) || fail "$c --version: exit $?"
     [[ $out == "$version" ]] || fail "$c --version printed '$out'"
+    part=$(command_part "$c")
+    if [[ -n $part ]] && ! has_feature "$part"; then
+        rc=0
+        "$BLOCKPORT" "$c" --help >out.txt 2>err.txt || rc=$?
+        [[ $rc -eq 1 && ! -s out.txt ]] && grep -q "^blockport $c: built without " err.txt ||
+            { cat err.txt; fail "$c, built without $part: exit $rc"; }
+        ok "$c: --version; built without $part, says so"
+        continue
+    fi
     "$BLOCKPORT" "$c" --help >help.txt || fail "$c --help: exit $?"
     grep -q "^Usage: blockport $c" help.txt || fail "$c --help: no usage"
     rc=0
@@ -40,8 +49,8 @@ bad() {
 bad "--port 99999" serve --port 99999 null:1M
 bad "--max-connections 0" serve -c 0 null:1M
 bad "--tls maybe" serve --tls maybe null:1M
-bad "--queues 0" vhost --socket s --queues 0 null:1M
-bad "--threads 0" mount -t 0 null:1M mnt
+if has_feature vhost; then bad "--queues 0" vhost --socket s --queues 0 null:1M; fi
+if has_feature fuse; then bad "--threads 0" mount -t 0 null:1M mnt; fi
 bad "--cache fast" serve --cache fast null:1M
 bad "--aio native" serve --aio native null:1M
 bad "invalid size '1MiB'" create x.img 1MiB

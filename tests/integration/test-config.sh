@@ -9,6 +9,7 @@
 # by two exports is opened once; --check-config.
 TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
 source "$TESTS_DIR/lib.sh"
+require_feature tls
 require nbdinfo qemu-img qemu-io psktool
 require_py_nbd
 cd "$T"

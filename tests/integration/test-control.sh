@@ -23,7 +23,7 @@ start_server --control "$CTL" memory:16M
 [[ -S $CTL ]] || fail "no socket at $CTL"
 [[ $(stat -c %a "$CTL") == 600 ]] || fail "mode $(stat -c %a "$CTL"), expected 600"
 out=$(run "$BLOCKPORT" ctl "$CTL" version) || fail "ctl version: exit $?"
-want=$("$BLOCKPORT" --version | awk '{print $2}')
+want=$("$BLOCKPORT" --version | awk 'NR == 1 {print $2}')
 [[ $out == "{\"ok\":true,\"version\":\"$want\",\"protocol\":1}" ]] || fail "ctl version: $out"
 out=$(run "$BLOCKPORT" ctl "$CTL" help) || fail "ctl help: exit $?"
 grep -q '"verb":"help","usage":"help"' <<<"$out" || fail "ctl help: $out"
@@ -196,8 +196,8 @@ ok "removed at exit, stale socket replaced, a plain file left alone"
 
 ########################################################################
 check "mount --control"
-if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
-    skip_case "no /dev/fuse or fusermount3: mount --control not tried"
+if ! can_mount; then
+    skip_case "no FUSE (in blockport), /dev/fuse or fusermount3: mount --control not tried"
 else
     mkdir mnt
     rm -f mount.pid
@@ -218,19 +218,23 @@ else
 fi
 
 ########################################################################
-check "vhost --control"
-rm -f vhost.pid
-"${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" -P "$T/vhost.pid" \
-    --control "$T/vctl.sock" memory:1M </dev/null >>vhost.log 2>&1 &
-VHOST_PID=$!
-track_pid "$VHOST_PID"
-wait_file 10 vhost.pid "$VHOST_PID" || { cat vhost.log; fail "vhost did not start"; }
-[[ $(stat -c %a "$T/vctl.sock") == 600 ]] || fail "vhost's socket mode"
-run "$BLOCKPORT" ctl "$T/vctl.sock" version >/dev/null || fail "ctl version to vhost"
-kill -TERM "$VHOST_PID"
-wait_until 10 _pid_gone "$VHOST_PID" || fail "vhost did not exit"
-rc=0
-wait "$VHOST_PID" || rc=$?
-((rc == 0)) || { cat vhost.log; fail "vhost exited $rc"; }
-[[ ! -e $T/vctl.sock ]] || fail "vhost left its control socket"
-ok "vhost answers version and removes its socket"
+if has_feature vhost; then
+    check "vhost --control"
+    rm -f vhost.pid
+    "${_env_reset[@]}" "$BLOCKPORT" vhost --socket "$T/vhost.sock" -P "$T/vhost.pid" \
+        --control "$T/vctl.sock" memory:1M </dev/null >>vhost.log 2>&1 &
+    VHOST_PID=$!
+    track_pid "$VHOST_PID"
+    wait_file 10 vhost.pid "$VHOST_PID" || { cat vhost.log; fail "vhost did not start"; }
+    [[ $(stat -c %a "$T/vctl.sock") == 600 ]] || fail "vhost's socket mode"
+    run "$BLOCKPORT" ctl "$T/vctl.sock" version >/dev/null || fail "ctl version to vhost"
+    kill -TERM "$VHOST_PID"
+    wait_until 10 _pid_gone "$VHOST_PID" || fail "vhost did not exit"
+    rc=0
+    wait "$VHOST_PID" || rc=$?
+    ((rc == 0)) || { cat vhost.log; fail "vhost exited $rc"; }
+    [[ ! -e $T/vctl.sock ]] || fail "vhost left its control socket"
+    ok "vhost answers version and removes its socket"
+else
+    skip_case "blockport was built without vhost"
+fi

@@ -26,6 +26,10 @@ for ex in "${examples[@]}"; do
     case $ex in
     blockport\ *)
         plugin=$(awk '{print $4}' <<<"$ex")
+        if ! has_feature plugins; then
+            skip_case "$ex: blockport was built without nbdkit plugins"
+            continue
+        fi
         if [[ ! -e $plugindir/nbdkit-$plugin-plugin.so ]]; then
             skip_case "$ex: nbdkit's $plugin plugin is not installed"
             continue

@@ -16,7 +16,7 @@ require qemu-img qemu-io qemu-nbd
 cd "$T"
 
 FUSE=1
-[[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null &&
+can_mount && [[ $(id -u) -eq 0 ]] &&
     command -v qemu-storage-daemon >/dev/null || FUSE=
 
 # What became of a command, in OUTCOME: "admitted", or the lock it was

@@ -18,19 +18,23 @@ vhost_log() {
   rm -f v.pid
 }
 
-check "info by default, nothing below error with --log-level error"
-vhost_log ""
-grep -q "^blockport: info: vhost: serving" vh.log || { cat vh.log; fail "no info line"; }
-vhost_log error
-[ ! -s vh.log ] || { cat vh.log; fail "--log-level error still printed"; }
-vhost_log debug
-grep -q "^blockport: info:" vh.log || fail "debug hides info"
-ok "levels filter"
+if has_feature vhost; then
+  check "info by default, nothing below error with --log-level error"
+  vhost_log ""
+  grep -q "^blockport: info: vhost: serving" vh.log || { cat vh.log; fail "no info line"; }
+  vhost_log error
+  [ ! -s vh.log ] || { cat vh.log; fail "--log-level error still printed"; }
+  vhost_log debug
+  grep -q "^blockport: info:" vh.log || fail "debug hides info"
+  ok "levels filter"
 
-check "a bad level: exit 1 and a message"
-rc=0; "$BLOCKPORT" vhost --socket "$T/v.sock" --log-level loud memory:1M 2>err.txt || rc=$?
-[ $rc -eq 1 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
-ok "refused"
+  check "a bad level: exit 1 and a message"
+  rc=0; "$BLOCKPORT" vhost --socket "$T/v.sock" --log-level loud memory:1M 2>err.txt || rc=$?
+  [ $rc -eq 1 ] && grep -q "loud" err.txt || { cat err.txt; fail "exit $rc"; }
+  ok "refused"
+else
+  skip_case "blockport was built without vhost: its log levels not tried"
+fi
 
 check "serve: --log-level error keeps it quiet; a bad level is a usage error"
 rc=0; "$BLOCKPORT" serve --log-level bogus memory:1M 2>err.txt || rc=$?

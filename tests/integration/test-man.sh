@@ -124,6 +124,11 @@ n=0
 for c in "" $cmds; do
     name=blockport${c:+-$c}
     [[ -s $MAN/$name.1 ]] || continue
+    part=$(command_part "$c")
+    if [[ -n $part ]] && ! has_feature "$part"; then
+        skip_case "$c: built without $part, no --help to hold its page to"
+        continue
+    fi
     section "$MAN/$name.1" OPTIONS >"$T/options.txt"
     # shellcheck disable=SC2086
     opts=$("$BLOCKPORT" $c --help | opts_in_text)

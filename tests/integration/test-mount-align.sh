@@ -6,6 +6,7 @@
 # work, by splitting and read-modify-write, and concurrent small writes that
 # share blocks (fio, 1 KiB, queue depth 32, verified) lose nothing.
 source "$(dirname "$0")/lib.sh"
+require_feature fuse
 require fusermount3 nbdkit nbdinfo fio fallocate
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 [[ $(id -u) -eq 0 ]] || skip "needs root"

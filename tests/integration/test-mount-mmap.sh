@@ -9,6 +9,7 @@
 # INIT reply (frontend/fuse-flags.c): without it the kernel refuses the
 # mapping with ENODEV.
 source "$(dirname "$0")/lib.sh"
+require_feature fuse
 require fusermount3 qemu-img python3
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 [[ $(id -u) -eq 0 ]] || skip "needs root"

@@ -5,6 +5,7 @@
 # stays, and it works again once the server is back.  Both a killed server
 # (the socket closes) and a stopped one (silence) are tried.
 source "$(dirname "$0")/lib.sh"
+require_feature fuse
 require fusermount3 python3
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 [[ $(id -u) -eq 0 ]] || skip "needs root"

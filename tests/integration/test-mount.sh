@@ -10,6 +10,7 @@
 # (fusermount3 -u, SIGTERM, SIGINT) flushes and leaves no mount and no
 # process.
 source "$(dirname "$0")/lib.sh"
+require_feature fuse
 require fusermount3 qemu-img qemu-io sfdisk fio mkfs.ext4 fsck.ext4 fallocate
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 [[ $(id -u) -eq 0 ]] || skip "needs root (mkfs on files, allow_other)"

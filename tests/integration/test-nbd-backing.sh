@@ -154,7 +154,7 @@ overlay_case "qemu-img overlay over nbd:// (TCP)" make_qemu
 overlay_case "blockport create over nbd:// (TCP)" make_blockport
 
 check "mount of the overlay: reads, a partial-cluster write, a discard, QEMU agrees"
-if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; then
+if can_mount && [[ $(id -u) -eq 0 ]]; then
   MNT=$T/mnt
   mkdir -p "$MNT"
   is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
@@ -181,7 +181,7 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
   run qemu-img compare -F raw ov.qcow2 expect.raw || fail "QEMU's view after the mount"
   ok "mount reads the base and keeps the write"
 else
-  echo "  (skipped: needs /dev/fuse, root and fusermount3)"
+  echo "  (skipped: needs FUSE in blockport, /dev/fuse, root and fusermount3)"
 fi
 
 check "a relative backing file name stays relative to the overlay"
@@ -415,7 +415,7 @@ base_down
 ok "$(reads) reads, all correct, through two kills and a stop of the base"
 
 # ---- nbds:// backing: the golden image served with TLS ----
-if command -v psktool >/dev/null && command -v certtool >/dev/null; then
+if has_feature tls && command -v psktool >/dev/null && command -v certtool >/dev/null; then
   mkdir -p tls/psk tls/ca tls/srv tls/cli tls/other
   psktool -u alice -p tls/psk/keys.psk >/dev/null
   printf '%s\n' "cn = test CA" ca cert_signing_key expiration_days=2 >tls/ca.info
@@ -461,5 +461,5 @@ if command -v psktool >/dev/null && command -v certtool >/dev/null; then
   base_down
   unset QEMU_BACKING QEMU_TLS
 else
-  skip_case "nbds:// backing: needs psktool and certtool"
+  skip_case "nbds:// backing: needs TLS in blockport, psktool and certtool"
 fi

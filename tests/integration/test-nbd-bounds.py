@@ -211,6 +211,7 @@ MOUNT_GROUPS = (("read", "write", "write2", "flush"),)
 
 
 def mount_case(env, how):
+    casetest.require_feature(BLOCKPORT, "fuse")
     if os.getuid() != 0 or not os.path.exists("/dev/fuse"):
         raise Skip("needs root and /dev/fuse")
     back = env.backend()
@@ -253,6 +254,7 @@ def case_mount_killed(env):
 # ---- vhost: virtio-blk requests through the vhost-user simulator ----
 
 def vhost_case(env, how):
+    casetest.require_feature(BLOCKPORT, "vhost")
     back = env.backend()
     p = env.vhost(back, "--nbd-timeout", str(int(TMO)))
     fe, g, q, blk, _ = tv.session(env, p.sock)

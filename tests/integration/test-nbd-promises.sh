@@ -5,6 +5,7 @@
 # mount recovers once a stopped server resumes.
 source "$(dirname "$0")/lib.sh"
 require fusermount3 python3
+require_feature fuse
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 [[ $(id -u) -eq 0 ]] || skip "needs root"
 cd "$T"

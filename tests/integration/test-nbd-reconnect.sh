@@ -217,6 +217,29 @@ grep -q "does not advertise multi-conn" "$T/server.log" || fail "no warning"
 ok "one connection"
 stop_server
 
+check "a client that leaves gives up its requests waiting for a lost backend"
+kill_back
+start_back 64M
+start_server --nbd-timeout 60 "$BACK"
+expect_ok "read" read 0 4096 >/dev/null
+kill_back
+# A read that waits for the backend, then the client is gone without
+# NBD_CMD_DISC: the front cancels the read rather than hold it 60 s.
+timeout 20 "$PY" - "$URI" <<'EOF'
+import nbd, os, sys
+h = nbd.NBD()
+h.connect_uri(sys.argv[1])
+h.aio_pread(nbd.Buffer(4096), 0)
+h.poll(300)  # the request is out; its answer would take the time-out
+os._exit(0)
+EOF
+wait_until 10 grep -q "read at 0: cancelled: the client is gone" "$T/server.log" ||
+  fail "the read of a vanished client was not cancelled"
+server_alive || fail "the front server died"
+stop_server
+start_back 64M
+ok "cancelled"
+
 # close_promptly STATUS: SIGTERM the front, expect STATUS within 3 s.
 close_promptly() {
   local t0=$SECONDS rc=0

@@ -184,8 +184,8 @@ wait $UP_PID || true
 ok "failed at once; replayed once the export is back"
 
 check "through mount: kill -9 of the upstream under O_DIRECT writes, twice"
-if [[ $(id -u) -ne 0 || ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
-  skip_case "mount needs root, /dev/fuse and fusermount3"
+if [[ $(id -u) -ne 0 ]] || ! can_mount; then
+  skip_case "mount needs FUSE in blockport, root, /dev/fuse and fusermount3"
 else
   MNT=$T/mnt
   mkdir -p "$MNT"

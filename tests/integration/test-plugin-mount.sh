@@ -5,6 +5,7 @@
 # what nbdkit serves; writes to the memory plugin read back; unmounting
 # unloads the plugin and leaves no process.
 source "$(dirname "$0")/lib.sh"
+require_feature fuse plugins
 require fusermount3 nbdkit nbdcopy md5sum
 [[ -c /dev/fuse ]] || skip "no /dev/fuse"
 PLUGINDIR=/usr/lib/x86_64-linux-gnu/nbdkit/plugins

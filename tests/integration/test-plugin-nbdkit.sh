@@ -7,6 +7,7 @@
 # Also: multi-conn and block status advertised, parallel fio writes with
 # verification over four connections, readonly=true, a bad file name.
 source "$(dirname "$0")/lib.sh"
+require_feature plugins
 require nbdkit nbdinfo qemu-img qemu-io fio
 PLUGIN=${BLOCKPORT_NBDKIT_PLUGIN:-$(dirname "$BLOCKPORT")/nbdkit-blockport-plugin.so}
 [[ -f $PLUGIN ]] || skip "no $PLUGIN"

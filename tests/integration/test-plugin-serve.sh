@@ -8,6 +8,7 @@
 # plugin that refuses its configuration, or a plugin that does not exist,
 # gives a clear error and a non-zero exit.
 source "$(dirname "$0")/lib.sh"
+require_feature plugins
 require nbdkit nbdinfo nbdcopy qemu-io qemu-img md5sum
 PLUGINDIR=/usr/lib/x86_64-linux-gnu/nbdkit/plugins
 for p in memory data pattern sparse-random null zero partitioning file; do

@@ -13,6 +13,7 @@
 # nbdkit_set_error), FUA emulated with flush, -D debug flags, list_exports
 # as NBD_OPT_LIST, and a plugin refusing to open.
 source "$(dirname "$0")/lib.sh"
+require_feature plugins
 require_py_nbd
 require nbdinfo
 [[ -f ${OVERLAP_PLUGIN:-} && -f ${OVERLAP_PLUGIN_V1:-} ]] ||

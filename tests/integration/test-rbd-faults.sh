@@ -10,6 +10,7 @@
 # an unreachable monitor each give a clear error and exit 1 in bounded time.
 # Skips (77) only without the Ceph packages or qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
+require_feature rbd
 require qemu-io qemu-img
 require_qemu_rbd
 ceph_cluster_start

@@ -12,6 +12,7 @@
 # (the oracle) finds the image equal to it at the end.
 # Skips (77) only without the Ceph packages or qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
+require_feature rbd
 require qemu-io qemu-img nbdinfo nbdsh fio
 require_py_nbd
 require_qemu_rbd
@@ -241,8 +242,8 @@ stop2 "$WAITER" waiter
 ok "waited, then served and wrote"
 
 check "blockport mount rbd: (FUSE)"
-if [[ ! -c /dev/fuse ]] || ! command -v fusermount3 >/dev/null; then
-    skip_case "no /dev/fuse or fusermount3"
+if ! can_mount; then
+    skip_case "no FUSE (in blockport), /dev/fuse or fusermount3"
 else
     mkdir mnt
     is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }

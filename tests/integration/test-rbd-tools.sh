@@ -9,6 +9,7 @@
 # RBD export in --config.  Skips (77) only without the Ceph packages or
 # qemu-block-extra.
 source "$(dirname "$0")/lib.sh"
+require_feature rbd
 require qemu-img qemu-io rbd script
 require_qemu_rbd
 ceph_cluster_start

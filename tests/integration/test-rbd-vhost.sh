@@ -11,6 +11,7 @@
 # Skips (77) without the Ceph packages, qemu-block-extra, QEMU, a static C
 # library or the cached guest kernel.
 source "$(dirname "$0")/lib.sh"
+require_feature rbd vhost
 require qemu-system-x86_64 qemu-img busybox cpio cc
 require_qemu_rbd
 HERE=$(dirname "$(readlink -f "$0")")

@@ -7,6 +7,7 @@
 # only that long and a real TLS client gets in after them.
 TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
 source "$TESTS_DIR/lib.sh"
+require_feature tls
 require psktool nbdinfo
 cd "$T"
 

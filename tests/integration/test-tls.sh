@@ -7,6 +7,7 @@
 # reloading the certificates (a CRL, a new CA) for new clients only.
 TESTS_DIR=$(cd "$(dirname "$0")" && pwd)
 source "$TESTS_DIR/lib.sh"
+require_feature tls
 require psktool certtool nbdinfo qemu-img qemu-io
 require_py_nbd
 cd "$T"
@@ -246,7 +247,7 @@ rc=0
 [[ $rc -eq 1 ]] || { cat err.txt; fail "nbds:// with a wrong key: exit $rc"; }
 ok "serve and convert reach a TLS server through nbds+unix://"
 
-if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; then
+if can_mount && [[ $(id -u) -eq 0 ]]; then
   check "blockport mount of an nbds+unix:// URI"
   MNT=$T/mnt
   mkdir -p "$MNT"
@@ -259,7 +260,7 @@ if [[ -c /dev/fuse && $(id -u) -eq 0 ]] && command -v fusermount3 >/dev/null; th
   fusermount3 -u "$MNT" || fail "unmount"
   ok "mounted and read over TLS"
 else
-  skip_case "no FUSE here (needs /dev/fuse, root, fusermount3): no mount over TLS"
+  skip_case "no FUSE here (needs it in blockport, /dev/fuse, root, fusermount3): no mount over TLS"
 fi
 
 check "blockport vhost of an nbds+unix:// URI (a vhost-user front end in Python)"

@@ -8,6 +8,7 @@
 # installed in /etc/blockport are all commented out, while each example in
 # them, uncommented, passes `blockport serve --check-config`.
 source "$(dirname "$0")/lib.sh"
+require_feature tls
 require sh
 ROOT=$(readlink -f "$(dirname "$0")/../..")
 UNITS=$ROOT/contrib/systemd

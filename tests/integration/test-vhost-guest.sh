@@ -17,6 +17,7 @@
 # with --nbd-replay-limit 4k, where the guest sees its next flush fail and
 # its read-back finds nothing lost that no error reported.
 source "$(dirname "$0")/lib.sh"
+require_feature vhost
 require qemu-system-x86_64 qemu-img busybox cpio cc
 HERE=$(dirname "$(readlink -f "$0")")
 SRC=$(readlink -f "$HERE/../..")

@@ -394,6 +394,9 @@ def run_case(fn, make_env=None):
 def main():
     if not casetest.blockport_usable(BLOCKPORT):
         return 77
+    if "vhost" not in casetest.built_with(BLOCKPORT):
+        print("SKIP: blockport was built without vhost")
+        return 77
     return casetest.run(CASES, sys.argv[1:], run_case)
 
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "formats/registry.h"
 
 /* Sources open through the formats' table, as in the program. */

@@ -16,6 +16,7 @@
 #include "core/checkpoint.h"
 #include "core/disk.h"
 #include "core/fault.h"
+#include "core/source.h"
 #include "formats/registry.h"
 
 __attribute__((constructor)) static void install_formats(void) {
@@ -661,6 +662,8 @@ struct racer {
   struct rwrite log[RW];
   unsigned n;
   atomic_bool *stop;
+  atomic_uint n_before, n_after; /* writes done before, started after */
+  atomic_bool finished;
 };
 
 static atomic_int phase;  /* 0 before ckpt_take, 1 during, 2 after */
@@ -688,8 +691,29 @@ static void *racer_main(void *arg) {
     pattern(buf, r->id, seq);
     cr_assert_eq(bd_pwrite(r->live, buf, G, (uint64_t)g * G, 0), 0);
     w->done_before = atomic_load(&phase) == 0;
+    if (w->done_before)
+      atomic_fetch_add(&r->n_before, 1);
+    if (w->started_after)
+      atomic_fetch_add(&r->n_after, 1);
   }
+  atomic_store(&r->finished, true);
   return NULL;
+}
+
+/* Waits, with a deadline, until every racer has done a write before the
+ * checkpoint (or, with AFTER, one started after it): a loaded machine
+ * (ASan, CI) may not run the racers within a fixed sleep. */
+static void wait_racers(struct racer *rs, bool after) {
+  for (unsigned tries = 0; tries < 20000; tries++) {
+    unsigned ready = 0;
+    for (unsigned i = 0; i < RT; i++)
+      ready += atomic_load(after ? &rs[i].n_after : &rs[i].n_before) > 0 ||
+               atomic_load(&rs[i].finished);
+    if (ready == RT)
+      return;
+    usleep(1000);
+  }
+  cr_assert_fail("the writer threads did not run within 20 s");
 }
 
 static void race_once(struct bd *live, const char *name) {
@@ -702,11 +726,11 @@ static void race_once(struct bd *live, const char *name) {
     rs[i] = (struct racer){.live = live, .id = i, .stop = &stop};
     pthread_create(&t[i], NULL, racer_main, &rs[i]);
   }
-  usleep(5000);
+  wait_racers(rs, false);
   atomic_store(&phase, 1);
   struct bd *v = take(live, name);
   atomic_store(&phase, 2);
-  usleep(5000);
+  wait_racers(rs, true);
   atomic_store(&stop, true);
   for (unsigned i = 0; i < RT; i++)
     pthread_join(t[i], NULL);

@@ -393,7 +393,7 @@ Test(config, copy) {
   struct config c = parse("x.conf", "[export a]\npath=a\nformat=raw\n"
                                     "description=d\nallow=::1,10.0.0.0/8\n");
   struct export_conf e;
-  cr_assert_eq(export_conf_copy(&e, &c.v[0]), 0);
+  cr_assert_eq(config_export_copy(&e, &c.v[0]), 0);
   config_free(&c);
   cr_assert_str_eq(e.name, "a");
   cr_assert_str_eq(e.path, "a");
@@ -401,7 +401,7 @@ Test(config, copy) {
   cr_assert_str_eq(e.description, "d");
   cr_assert_eq(e.nallow, 2);
   cr_assert_eq(e.allow[1].prefix, 8);
-  export_conf_free(&e);
+  config_export_free(&e);
   cr_assert_null(e.name);
 }
 

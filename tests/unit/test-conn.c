@@ -13,6 +13,7 @@
 
 #include "core/blockdev.h"
 #include "core/pool.h"
+#include "core/source.h"
 #include "formats/plugin.h"
 #include "formats/registry.h"
 
@@ -226,6 +227,82 @@ Test(conn, serialize_conns_waits_for_the_first_to_close) {
   cr_assert_eq(atomic_load(&opened), 2);
   bd_conn_close(bd, second);
   bd_close(bd);
+}
+
+/* The second client of a serialize_connections source waits for the
+ * first; the front end looks at its client between waits, and cancels. */
+struct second {
+  struct bd *bd;
+  struct bd_conn *c;
+  int r;
+};
+
+static void *start_second(void *arg) {
+  struct second *s = arg;
+  s->r = bd_conn_start(s->bd, s->c, 60 * 1000);
+  return NULL;
+}
+
+Test(conn, cancel_ends_the_wait_for_the_connection_slot) {
+  struct bd *bd = fake(BD_CONC_SERIALIZE_CONNS);
+  struct bd_conn *first = bd_conn_open(bd, "first", true);
+  cr_assert_not_null(first);
+  struct second s = {bd, bd_conn_prepare(bd, "second", true, -1), 1};
+  cr_assert_not_null(s.c);
+  /* A short wait ends without the slot: the front end may look again. */
+  cr_assert_eq(bd_conn_start(bd, s.c, 20), -ETIMEDOUT);
+  pthread_t t;
+  pthread_create(&t, NULL, start_second, &s);
+  bd_conn_cancel(bd, s.c); /* before or during its wait: either ends it */
+  pthread_join(t, NULL);
+  cr_assert_eq(s.r, -ECANCELED, "a cancelled client kept waiting (%d)", s.r);
+  cr_assert_eq(atomic_load(&opened), 1, "the cancelled one was opened");
+  bd_conn_close(bd, s.c);
+  /* The slot is still the first's; once it closes, others get it. */
+  struct bd_conn *third = bd_conn_prepare(bd, "third", true, -1);
+  bd_conn_close(bd, first);
+  cr_assert_eq(bd_conn_start(bd, third, 1000), 0);
+  bd_conn_close(bd, third);
+  bd_close(bd);
+}
+
+static atomic_int cancel_calls;
+
+static void f_cancel(struct bd *bd, struct bd_conn *conn) {
+  (void)bd;
+  (void)conn;
+  atomic_fetch_add(&cancel_calls, 1);
+}
+
+static const struct bd_ops cancel_ops = {
+    .name = "fake",
+    .pread = f_pread,
+    .conn_open = f_conn_open,
+    .conn_close = f_conn_close,
+    .cancel = f_cancel,
+};
+
+Test(conn, a_cancelled_connection_runs_no_more_requests) {
+  struct bd *bd = fake(BD_CONC_PARALLEL);
+  bd->ops = &cancel_ops;
+  want_all = want_conn = 1;
+  struct bd_conn *gone = bd_conn_open(bd, "gone", true);
+  struct bd_conn *kept = bd_conn_open(bd, "kept", true);
+  cr_assert(gone && kept);
+  bd_conn_cancel(bd, gone);
+  bd_conn_cancel(bd, gone); /* once is what the source hears */
+  cr_assert_eq(atomic_load(&cancel_calls), 1);
+  char buf[512];
+  struct bd_req req = {.cmd = BD_READ, .length = 512, .buf = buf, .conn = gone};
+  cr_assert_eq(bd_run(bd, &req), -ECANCELED);
+  cr_assert(strstr(req.errmsg, "client is gone"), "message: %s", req.errmsg);
+  req.conn = kept;
+  cr_assert_eq(bd_run(bd, &req), 0, "the other client's request failed");
+  cr_assert_eq(buf[0], 'k');
+  bd_conn_close(bd, gone);
+  bd_conn_close(bd, kept);
+  bd_close(bd);
+  cr_assert_eq(atomic_load(&closed), 2);
 }
 
 Test(conn, default_connection_opens_once_and_closes_with_the_device) {

@@ -13,6 +13,7 @@
 #include "core/blockdev.h"
 #include "core/disk.h"
 #include "core/pool.h"
+#include "core/source.h"
 
 struct strict {
   uint8_t *data;

@@ -198,17 +198,18 @@ Test(metrics, short_buffer_is_truncated_safely) {
 
 Test(metrics, parse_addr) {
   char h[64], p[8];
-  cr_assert(metrics_parse_addr("127.0.0.1:9100", h, sizeof h, p, sizeof p));
+  cr_assert(
+      metrics_http_parse_addr("127.0.0.1:9100", h, sizeof h, p, sizeof p));
   cr_assert_str_eq(h, "127.0.0.1");
   cr_assert_str_eq(p, "9100");
-  cr_assert(metrics_parse_addr("[::1]:9100", h, sizeof h, p, sizeof p));
+  cr_assert(metrics_http_parse_addr("[::1]:9100", h, sizeof h, p, sizeof p));
   cr_assert_str_eq(h, "::1");
-  cr_assert(metrics_parse_addr("localhost:1", h, sizeof h, p, sizeof p));
+  cr_assert(metrics_http_parse_addr("localhost:1", h, sizeof h, p, sizeof p));
   const char *bad[] = {
       "",          "9100",      ":9100",   "1.2.3.4:", "::1:9100", "[::1]9100",
       "[::1:9100", "1.2.3.4:0", "a:65536", "a:9x",     "[]:1",     "a:-1"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-    cr_assert(!metrics_parse_addr(bad[i], h, sizeof h, p, sizeof p), "%s",
+    cr_assert(!metrics_http_parse_addr(bad[i], h, sizeof h, p, sizeof p), "%s",
               bad[i]);
 }
 

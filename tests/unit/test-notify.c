@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* systemd socket activation: LISTEN_PID/LISTEN_FDS parsing and the checks
- * on the sockets passed. */
+/* systemd without libsystemd: socket activation (core/listen.c),
+ * LISTEN_PID/LISTEN_FDS parsing and the checks on the sockets passed; and
+ * the NOTIFY_SOCKET address (core/notify.c). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/listen.h"
 #include "core/notify.h"
 
 static int parse(const char *pid, const char *fds, pid_t self) {

@@ -9,6 +9,7 @@
 
 #include "core/blockdev.h"
 #include "core/pool.h"
+#include "core/source.h"
 
 #define NREQ 8
 

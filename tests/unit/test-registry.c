@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/source.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/registry.h"
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/source.h"
 #include "core/uring.h"
 
 struct waiter {
@@ -223,4 +224,50 @@ Test(uring, a_poller_ends_only_when_its_requests_have) {
   for (int i = 0; i < 8; i++)
     cr_assert(w[i].done, "request %d not completed by bd_poller_end()", i);
   close(fd);
+}
+
+/* Issue 30: errors travel with the request.  Requests that fail at once,
+ * each with its own errno, completed together in one poller batch: each
+ * carries its own message, whatever the others (and the thread) say. */
+Test(uring, failing_requests_each_carry_their_own_message) {
+  need_uring();
+  int rdonly = open("/dev/null", O_RDONLY);
+  int dir = open("/tmp", O_RDONLY | O_DIRECTORY);
+  int pipes[2];
+  cr_assert(rdonly >= 0 && dir >= 0 && pipe(pipes) == 0);
+  /* EBADF (write to a read-only descriptor), EISDIR (read a directory),
+   * EINVAL (sync a pipe), round and round. */
+  const struct {
+    enum uring_op op;
+    int fd, err;
+  } kinds[] = {{URING_WRITE, rdonly, EBADF},
+               {URING_READ, dir, EISDIR},
+               {URING_FDATASYNC, pipes[0], EINVAL}};
+  enum { N = 24 };
+  static struct waiter w[N];
+  static uint8_t buf[N][512];
+  bd_poller_begin();
+  bd_plug_begin();
+  for (int i = 0; i < N; i++) {
+    waiter_init(&w[i]);
+    struct uring_seg s = {buf[i], 4096, sizeof buf[i]};
+    const int k = i % 3;
+    cr_assert_eq(uring_start(&w[i].req, kinds[k].op, kinds[k].fd, false, &s,
+                             kinds[k].op == URING_FDATASYNC ? 0 : 1),
+                 0);
+  }
+  bd_plug_end();
+  bd_set_error("a message of this thread, not of any request");
+  for (int i = 0; i < N; i++)
+    poll_done(&w[i]);
+  bd_poller_end();
+  for (int i = 0; i < N; i++) {
+    const int e = kinds[i % 3].err;
+    cr_assert_eq(w[i].err, -e, "request %d: %d, not -%d", i, w[i].err, e);
+    cr_assert_str_eq(w[i].req.errmsg, strerror(e), "request %d", i);
+  }
+  close(rdonly);
+  close(dir);
+  close(pipes[0]);
+  close(pipes[1]);
 }

@@ -12,6 +12,7 @@
 #include <linux/virtio_config.h>
 #include <stdlib.h>
 
+#include "core/source.h"
 #include "formats/registry.h"
 #include "frontend/virtio-blk.h"
 #include "guest-sim.h"

@@ -20,18 +20,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/blockdev.h"
-#include "core/log.h"
-#include "core/pool.h"
-
 #include "access.h"
 #include "checkpoints.h"
 #include "config.h"
 #include "core/blockdev.h"
 #include "core/control.h"
+#include "core/listen.h"
 #include "core/log.h"
 #include "core/notify.h"
 #include "core/pool.h"
+#include "core/unix-socket.h"
 #include "exports.h"
 #include "metrics.h"
 #include "nbd-protocol.h"
@@ -297,40 +295,26 @@ static void reloader_poke(struct reloader *r, bool stop) {
 
 /* ---- listening ---- */
 
-/* Remove a socket left by a server that is gone; refuse to touch anything
- * else at PATH, and a socket somebody still listens on. */
-static int remove_stale_socket(const char *path, const struct sockaddr_un *sa) {
-  struct stat st;
-  if (lstat(path, &st) < 0)
-    return 0;
-  if (!S_ISSOCK(st.st_mode)) {
+/* Only a socket left by a server that is gone is replaced. */
+static int clear_path(const char *path, const struct sockaddr_un *sa) {
+  int r = unix_socket_remove_stale(path, sa);
+  if (r == -ENOTSOCK)
     log_error("%s exists and is not a socket; not replacing it", path);
-    return -1;
-  }
-  int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool live = probe >= 0 &&
-              connect(probe, (const struct sockaddr *)sa, sizeof *sa) == 0;
-  if (probe >= 0)
-    close(probe);
-  if (live) {
+  else if (r < 0)
     log_error("%s: another server is listening there", path);
-    return -1;
-  }
-  unlink(path);
-  return 0;
+  return r;
 }
 
 int server_listen_unix(const char *path, int mode) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  if (strlen(path) >= sizeof sa.sun_path) {
+  struct sockaddr_un sa;
+  if (!unix_socket_addr(path, &sa)) {
     log_error("socket path too long: %s", path);
     return -1;
   }
-  strcpy(sa.sun_path, path);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
-  if (remove_stale_socket(path, &sa) < 0) {
+  if (clear_path(path, &sa) < 0) {
     close(fd);
     return -1;
   }
@@ -514,7 +498,8 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
 static void explain_metrics_failure(const struct serve_opts *o) {
   char host[256], mport[8];
   if (o->port &&
-      metrics_parse_addr(o->metrics, host, sizeof host, mport, sizeof mport) &&
+      metrics_http_parse_addr(o->metrics, host, sizeof host, mport,
+                              sizeof mport) &&
       atoi(mport) == atoi(o->port))
     log_error("--metrics %s: port %s is the NBD port", o->metrics, o->port);
 }
@@ -697,25 +682,22 @@ int server_check(const struct serve_opts *o, server_show_fn *show,
   return ret;
 }
 
-int server_run(const struct serve_opts *opts) {
-  struct serve_opts o = *opts; /* the port may default below */
+/* What server_run() sets up, in order, and run_close() takes down. */
+struct run {
+  struct serve_opts o; /* the port may default */
   struct server srv;
-  struct config cf = {0};
-  server_init(&srv, &o, &cf);
-  int ret = 1, nl = 0, lfds[MAX_LISTENERS];
-  /* Before any thread or plugin exists: children must not inherit
-   * LISTEN_*. */
-  int activated = take_activated(&o, lfds);
-  if (activated < 0)
-    return 1;
-  nl = activated;
-  if (notify_init() < 0)
-    log_warn("%s; not notifying systemd", bd_errmsg());
-  if (!activated && !o.unix_path && !o.port)
-    o.port = "10809";
+  struct config cf;
+  int lfds[MAX_LISTENERS], nl;
+  int activated; /* listeners from systemd, at the front of lfds */
+  bool bound_unix;
+  int sfd; /* signals */
+  struct metrics_http *mhttp;
+  struct checkpoints *ctl;
+};
 
-  /* Signals are taken through a signalfd; block them before any thread
-   * exists so every thread inherits the mask. */
+/* Signals are taken through a signalfd; blocked before any thread exists
+ * so every thread inherits the mask. */
+static int take_signals(void) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -723,98 +705,151 @@ int server_run(const struct serve_opts *opts) {
   sigaddset(&set, SIGHUP); /* reload */
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   signal(SIGPIPE, SIG_IGN);
-  int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+  return signalfd(-1, &set, SFD_CLOEXEC);
+}
 
-  bool bound_unix = false;
-  struct metrics_http *mhttp = NULL;
-  struct checkpoints *ctl = NULL;
-  if (read_exports(&srv, &o, &cf) != 0)
-    goto out;
-  if (o.metrics && !(srv.metrics = metrics_create(0, NULL, NULL))) {
-    log_error("--metrics: out of memory");
-    goto out;
+/* The Unix socket and the TCP addresses the options name, after those
+ * systemd passed. */
+static int run_listen(struct run *r) {
+  const struct serve_opts *o = &r->o;
+  if (o->unix_path) {
+    if ((r->lfds[r->nl] = server_listen_unix(o->unix_path, o->unix_mode)) < 0)
+      return -1;
+    r->nl++;
+    r->bound_unix = true;
   }
-  if (exports_open(&srv, &cf, &o) < 0)
-    goto out;
+  if (o->port) {
+    int n = listen_tcp(o->bind_addr, o->port, r->lfds + r->nl,
+                       MAX_LISTENERS - r->nl);
+    if (n < 0)
+      return -1;
+    r->nl += n;
+  }
+  return 0;
+}
+
+static void log_tls(const struct server *srv, const struct serve_opts *o) {
+  if (srv->tls == HS_TLS_OFF)
+    return;
+  log_info("TLS %s: %s%s%s%s", srv->tls == HS_TLS_REQUIRE ? "required" : "on",
+           o->tls_certs ? "X.509 certificates" : "",
+           o->tls_verify_peer ? " (client certificates required)" : "",
+           o->tls_certs && o->tls_psk ? ", " : "",
+           o->tls_psk ? "pre-shared keys" : "");
+}
+
+/* Exports, addresses, metrics, workers, the control socket: everything
+ * before "ready".  Returns 0, or -1 (logged). */
+static int run_start(struct run *r) {
+  struct server *srv = &r->srv;
+  const struct serve_opts *o = &r->o;
+  if (read_exports(srv, o, &r->cf) != 0)
+    return -1;
+  if (o->metrics && !(srv->metrics = metrics_create(0, NULL, NULL))) {
+    log_error("--metrics: out of memory");
+    return -1;
+  }
   /* Every address first, metrics last: nothing is served unless all of
    * them could be bound. */
-  if (o.unix_path) {
-    if ((lfds[nl] = server_listen_unix(o.unix_path, o.unix_mode)) < 0)
-      goto out;
-    nl++;
-    bound_unix = true;
-  }
-  if (o.port) {
-    int n = listen_tcp(o.bind_addr, o.port, lfds + nl, MAX_LISTENERS - nl);
-    if (n < 0)
-      goto out;
-    nl += n;
-  }
-  if (o.metrics && !(mhttp = metrics_http_start(o.metrics, srv.metrics))) {
+  if (exports_open(srv, &r->cf, o) < 0 || run_listen(r) < 0)
+    return -1;
+  if (o->metrics &&
+      !(r->mhttp = metrics_http_start(o->metrics, srv->metrics))) {
     log_error("%s", bd_errmsg());
-    explain_metrics_failure(&o);
-    goto out;
+    explain_metrics_failure(o);
+    return -1;
   }
-  if (bd_pool_start(o.workers) < 0) {
+  if (bd_pool_start(o->workers) < 0) {
     log_error("cannot start the worker pool");
-    goto out;
+    return -1;
   }
-  if (srv.tls != HS_TLS_OFF)
-    log_info("TLS %s: %s%s%s%s", srv.tls == HS_TLS_REQUIRE ? "required" : "on",
-             o.tls_certs ? "X.509 certificates" : "",
-             o.tls_verify_peer ? " (client certificates required)" : "",
-             o.tls_certs && o.tls_psk ? ", " : "",
-             o.tls_psk ? "pre-shared keys" : "");
-  struct ckpt_host host = checkpoints_serve_host(&srv);
-  if (o.control && !(ctl = checkpoints_start(&host, o.control))) {
+  log_tls(srv, o);
+  struct ckpt_host host = checkpoints_serve_host(srv);
+  if (o->control && !(r->ctl = checkpoints_start(&host, o->control))) {
     log_error("%s", bd_errmsg());
-    goto out;
+    return -1;
   }
-  if (o.ready && o.ready(o.opaque) != 0)
-    goto out;
-  char where[1024];
-  describe_listeners(lfds, nl, where, sizeof where);
-  log_info("ready%s: %s", activated ? " (socket-activated)" : "", where);
-  notify_ready(&srv, where);
+  return 0;
+}
 
-  struct reloader rl = {.srv = &srv,
-                        .o = &o,
+/* Stop accepting, let requests in flight finish (later ones get
+ * ESHUTDOWN, so clients know they were not executed), then flush. */
+static void run_stop(struct run *r, struct reloader *rl) {
+  /* No command starts during the shutdown; one under way ends first. */
+  checkpoints_stop(r->ctl);
+  r->ctl = NULL;
+  notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
+  /* A reload under way finishes first (opening images is bounded). */
+  reloader_poke(rl, true);
+  pthread_join(rl->thread, NULL);
+  for (int i = 0; i < r->nl; i++)
+    close(r->lfds[i]);
+  r->nl = 0;
+  server_drain(&r->srv);
+  bd_pool_stop();
+}
+
+/* Say "ready", then accept connections until a signal stops the server.
+ * Returns the exit status. */
+static int run_serve(struct run *r) {
+  if (r->o.ready && r->o.ready(r->o.opaque) != 0)
+    return 1;
+  char where[1024];
+  describe_listeners(r->lfds, r->nl, where, sizeof where);
+  log_info("ready%s: %s", r->activated ? " (socket-activated)" : "", where);
+  notify_ready(&r->srv, where);
+
+  struct reloader rl = {.srv = &r->srv,
+                        .o = &r->o,
                         .lock = PTHREAD_MUTEX_INITIALIZER,
                         .cond = PTHREAD_COND_INITIALIZER};
   if (pthread_create(&rl.thread, NULL, reload_thread, &rl) != 0) {
     log_error("cannot start the reload thread");
-    goto out;
+    return 1;
   }
   pthread_setname_np(rl.thread, "bp-reload");
-  struct signals sg = {.sfd = sfd, .rl = &rl};
-  ret = server_accept_loop(&srv, lfds, nl, sfd, on_signal, &sg) < 0 ? 1 : 0;
-  /* No command starts during the shutdown; one under way ends first. */
-  checkpoints_stop(ctl);
-  ctl = NULL;
-  notify_send("STOPPING=1\nSTATUS=Shutting down: finishing requests in flight");
-  /* A reload under way finishes first (opening images is bounded). */
-  reloader_poke(&rl, true);
-  pthread_join(rl.thread, NULL);
+  struct signals sg = {.sfd = r->sfd, .rl = &rl};
+  int ret =
+      server_accept_loop(&r->srv, r->lfds, r->nl, r->sfd, on_signal, &sg) < 0
+          ? 1
+          : 0;
+  run_stop(r, &rl);
+  return ret;
+}
 
-  /* Stop accepting, let requests in flight finish (later ones get
-   * ESHUTDOWN, so clients know they were not executed), then flush. */
-  for (int i = 0; i < nl; i++)
-    close(lfds[i]);
-  nl = 0;
-  server_drain(&srv);
-  bd_pool_stop();
-out:
-  for (int i = 0; i < nl; i++)
-    close(lfds[i]);
-  if (bound_unix)
-    unlink(o.unix_path);
-  metrics_http_stop(mhttp);
-  checkpoints_stop(ctl);
-  if (server_release(&srv) < 0)
+/* What is left of R, whether or not it served.  Returns -1 when an image
+ * could not be flushed. */
+static int run_close(struct run *r) {
+  for (int i = 0; i < r->nl; i++)
+    close(r->lfds[i]);
+  if (r->bound_unix)
+    unlink(r->o.unix_path);
+  metrics_http_stop(r->mhttp);
+  checkpoints_stop(r->ctl);
+  int ret = server_release(&r->srv);
+  config_free(&r->cf);
+  if (r->sfd >= 0)
+    close(r->sfd);
+  tls_creds_put(r->srv.tls_creds);
+  return ret;
+}
+
+int server_run(const struct serve_opts *opts) {
+  struct run r = {.o = *opts};
+  server_init(&r.srv, &r.o, &r.cf);
+  /* Before any thread or plugin exists: children must not inherit
+   * LISTEN_*. */
+  r.activated = take_activated(&r.o, r.lfds);
+  if (r.activated < 0)
+    return 1;
+  r.nl = r.activated;
+  if (notify_init() < 0)
+    log_warn("%s; not notifying systemd", bd_errmsg());
+  if (!r.activated && !r.o.unix_path && !r.o.port)
+    r.o.port = "10809";
+  r.sfd = take_signals();
+  int ret = run_start(&r) < 0 ? 1 : run_serve(&r);
+  if (run_close(&r) < 0)
     ret = 1;
-  config_free(&cf);
-  if (sfd >= 0)
-    close(sfd);
-  tls_creds_put(srv.tls_creds);
   return ret;
 }
