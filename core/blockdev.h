@@ -313,6 +313,11 @@ int bd_conn_start(struct bd *bd, struct bd_conn *conn, unsigned wait_ms);
  * running finish as they would.  The core never watches a front end's
  * client: the front end says when it is gone. */
 void bd_conn_cancel(struct bd *bd, struct bd_conn *conn);
+/* Whether REQ's connection was cancelled (bd_conn_cancel()).  A source
+ * about to hold REQ waiting checks this under the lock its cancel() takes,
+ * so that a request is never held after its cancellation; a front end
+ * tells a cancelled request from a failed one. */
+bool bd_req_cancelled(const struct bd_req *req);
 /* Closes CONN (prepared, started or cancelled) once its requests have
  * completed. */
 void bd_conn_close(struct bd *bd, struct bd_conn *conn);

@@ -164,10 +164,6 @@ void *bd_conn_current(void);
  * with bd_req_set_error(), or else the calling thread's bd_errmsg() (a
  * synchronous operation that just failed here), or else strerror(). */
 void bd_complete(struct bd_req *req, int err);
-/* Whether REQ's connection was cancelled (bd_conn_cancel()): a source
- * about to hold REQ waiting checks this under the lock its cancel() takes,
- * so that a request is never held after its cancellation. */
-bool bd_req_cancelled(const struct bd_req *req);
 /* Sets REQ's message (before bd_complete()), from any thread: a source
  * that finishes a request away from where it failed says why here. */
 void bd_req_set_error(struct bd_req *req, const char *fmt, ...)

@@ -51,7 +51,7 @@ int vblk_queue_init(struct vblk_queue *q, struct vblk_dev *dev, unsigned index,
   q->opaque = opaque;
   q->inflight = q->pending = 0;
   q->batching = false;
-  q->completed = q->errors = 0;
+  q->completed = q->errors = q->abandoned = 0;
   q->reqs = calloc(q->vq.num, sizeof *q->reqs);
   q->chain = malloc(sizeof *q->chain);
   q->scratch = malloc(VQ_MAX_IOV * sizeof *q->scratch);
@@ -132,6 +132,22 @@ static void complete(struct vblk_req *r, uint8_t status) {
     q->notify(q->opaque);
 }
 
+/* Drop a request cancelled because its front end left: the guest's ring
+ * and status byte stay untouched (that front end may be gone and its
+ * memory reused), and its inflight entry stays set, so that the next front
+ * end submits it again. */
+static void abandon(struct vblk_req *r) {
+  struct vblk_queue *q = r->q;
+  log_debug("vhost queue %u: request %u abandoned: %s", q->index, r->head,
+            r->errmsg);
+  pthread_mutex_lock(&q->lock);
+  r->busy = false;
+  q->abandoned++;
+  if (!--q->inflight)
+    pthread_cond_broadcast(&q->idle);
+  pthread_mutex_unlock(&q->lock);
+}
+
 static void scatter(const struct iovec *iov, unsigned n, const uint8_t *src) {
   for (unsigned i = 0; i < n; i++) {
     memcpy(iov[i].iov_base, src, iov[i].iov_len);
@@ -141,6 +157,7 @@ static void scatter(const struct iovec *iov, unsigned n, const uint8_t *src) {
 
 static void finish(struct vblk_req *r) {
   int err = atomic_load(&r->err);
+  bool cancelled = err == -ECANCELED && bd_req_cancelled(&r->subs[0].br);
   if (!err && r->kind == VBLK_READ && r->bounce)
     scatter(r->iov, r->niov, r->bounce);
   free(r->bounce);
@@ -150,6 +167,10 @@ static void finish(struct vblk_req *r) {
   if (r->subs != &r->sub1)
     free(r->subs);
   r->subs = NULL;
+  if (cancelled) {
+    abandon(r);
+    return;
+  }
   uint8_t status = VIRTIO_BLK_S_OK;
   if (err) {
     status = err == -ENOTSUP ? VIRTIO_BLK_S_UNSUPP : VIRTIO_BLK_S_IOERR;

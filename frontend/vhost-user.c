@@ -321,6 +321,10 @@ static void ring_stop(struct vhu_ring *r) {
   log_debug("vhost queue %u: stopped at %u (%llu requests, %llu failed)",
             r->index, r->base, (unsigned long long)r->q.completed,
             (unsigned long long)r->q.errors);
+  if (r->q.abandoned)
+    log_info("vhost queue %u: %llu request(s) cancelled with the front end "
+             "that left them; the next one submits them again",
+             r->index, (unsigned long long)r->q.abandoned);
   vblk_queue_fini(&r->q);
   vq_fini(&r->q.vq);
   free(r->resubmit);

@@ -108,7 +108,7 @@ struct vblk_queue {
   struct iovec *scratch;
   void (*notify)(void *opaque); /* interrupt the guest */
   void *opaque;
-  uint64_t completed, errors; /* statistics */
+  uint64_t completed, errors, abandoned; /* statistics */
 };
 
 /* Set up a queue whose virtq Q->vq was initialised by the caller. */

@@ -264,6 +264,38 @@ def case_next_front_end(env):
     env.stop(p)
 
 
+def case_front_end_gone_cancels_waiting_reads(env):
+    """The front end goes away while its reads wait for a lost NBD server:
+    they are cancelled at once, not after the server's 60 s time-out,
+    without a completion in the ring (the next front end submits them
+    again), and the next front end is served."""
+    uri = env.nbd_serve("memory:1M")
+    srv = env.procs[-1]
+    p = env.vhost(uri, "--nbd-timeout", "60", "--verbose")
+    fe, g, q, blk, _ = session(env, p.sock)
+    eq(blk.run(0, T_IN, 0, nbytes=4096)[0], S_OK, "read before the loss")
+    srv.kill()
+    srv.wait()
+    check(casetest.wait_until(
+        10, lambda: "no connection left" in env.log(p, 0)),
+        "the loss was not noticed: %s" % env.log(p))
+    for i in range(4):
+        blk.submit(i, T_IN, i * 8, nbytes=4096)
+    # Each request read off the ring is logged at debug level.
+    check(casetest.wait_until(
+        10, lambda: env.log(p, 0).count(": type 0, 4096 bytes") >= 5),
+        "the reads were not taken: %s" % env.log(p))
+    fe.close()
+    check(casetest.wait_until(
+        10, lambda: "cancelled with the front end" in env.log(p, 0)
+        and "front end gone" in env.log(p, 0)),
+        "the reads were not cancelled: %s" % env.log(p))
+    eq(q.used_idx(), 1, "no completion written after the front end left")
+    fe, g, q, blk, _ = session(env, p.sock)
+    fe.close()
+    env.stop(p)
+
+
 def case_malformed_chains(env):
     p = env.vhost("memory:1M")
     fe, g, q, blk, _ = session(env, p.sock)
