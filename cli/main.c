@@ -30,6 +30,7 @@ static const struct command {
     {"compare", compare_main, "whether two images hold the same bytes"},
     {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
     {"bitmap", bitmap_main, "change the persistent bitmaps of a qcow2 image"},
+    {"measure", measure_main, "how large a new raw or qcow2 image would be"},
 };
 
 static void usage(FILE *f) {
