@@ -14,6 +14,7 @@ int compare_main(int argc, char **argv);
 int resize_main(int argc, char **argv);
 int bitmap_main(int argc, char **argv);
 int measure_main(int argc, char **argv);
+int dd_main(int argc, char **argv);
 int mount_main(int argc, char **argv);
 int vhost_main(int argc, char **argv);
 int ctl_main(int argc, char **argv);

@@ -14,11 +14,9 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
-#include "core/filelock.h"
 #include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
-#include "formats/qcow2/create.h"
 #include "formats/rbd-admin.h"
 #include "formats/rbd-spec.h"
 
@@ -427,47 +425,7 @@ static int create_dst(const char *path, const struct dst_opts *d,
               "the output is the input, or a file of its backing chain");
     return -1;
   }
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* locks read */
-  if (fd < 0) {
-    cli_error("convert", path, "%s", strerror(errno));
-    return -1;
-  }
-  const char *why = NULL;
-  if (filelock_take(fd, path, FILELOCK_USE_WRITE, true) < 0)
-    why = bd_errmsg();
-  else if (ftruncate(fd, 0) < 0)
-    why = strerror(errno);
-  if (why) {
-    cli_error("convert", NULL, "%s", why);
-    close(fd);
-    return -1;
-  }
-  char err[256] = "";
-  int r = 0;
-  if (!strcmp(fmt, "raw")) {
-    r = image_opts_raw_file(fd, size, d->o.q.prealloc);
-    if (r < 0)
-      snprintf(err, sizeof err, "%s", strerror(-r));
-  } else {
-    struct qcow2_create_opts o = d->o.q;
-    o.size = size;
-    o.backing_file = d->o.backing;
-    o.backing_fmt = d->o.backing ? d->o.backing_fmt : NULL;
-    struct qcow2_layout l;
-    r = qcow2_create_layout(&o, &l);
-    if (r == 0)
-      r = qcow2_create_write(fd, &o, &l);
-    if (r < 0)
-      snprintf(err, sizeof err, "%s", bd_errmsg());
-    if (r == 0 && image_opts_data_file("convert", path, &d->o, size) < 0) {
-      close(fd);
-      return -1;
-    }
-  }
-  close(fd);
-  if (r < 0)
-    cli_error("convert", path, "%s", err);
-  return r < 0 ? -1 : 0;
+  return image_opts_create_file("convert", path, fmt, &d->o, size);
 }
 
 /* With -B: open the backing file as DST will (its format found, checked

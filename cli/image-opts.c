@@ -273,3 +273,53 @@ void image_opts_help(const char *fmt) {
           "  size=<size>            - Virtual disk size\n",
           stdout);
 }
+
+/* The layout of a new qcow2 image of SIZE bytes on FD.  0, or -errno with
+ * the reason in bd_errmsg(). */
+static int qcow2_file(int fd, const struct image_opts *io, uint64_t size) {
+  struct qcow2_create_opts o = io->q;
+  o.size = size;
+  o.backing_file = io->backing;
+  o.backing_fmt = io->backing ? io->backing_fmt : NULL;
+  struct qcow2_layout l;
+  int r = qcow2_create_layout(&o, &l);
+  return r < 0 ? r : qcow2_create_write(fd, &o, &l);
+}
+
+int image_opts_create_file(const char *cmd, const char *path, const char *fmt,
+                           const struct image_opts *o, uint64_t size) {
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* locks read */
+  if (fd < 0) {
+    cli_error(cmd, path, "%s", strerror(errno));
+    return -1;
+  }
+  const char *why = NULL;
+  if (filelock_take(fd, path, FILELOCK_USE_WRITE, true) < 0)
+    why = bd_errmsg();
+  else if (ftruncate(fd, 0) < 0)
+    why = strerror(errno);
+  if (why) {
+    cli_error(cmd, NULL, "%s", why);
+    close(fd);
+    return -1;
+  }
+  char err[256] = "";
+  int r;
+  if (!strcmp(fmt, "raw")) {
+    r = image_opts_raw_file(fd, size, o->q.prealloc);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", strerror(-r));
+  } else {
+    r = qcow2_file(fd, o, size);
+    if (r < 0)
+      snprintf(err, sizeof err, "%s", bd_errmsg());
+    if (r == 0 && image_opts_data_file(cmd, path, o, size) < 0) {
+      close(fd);
+      return -1;
+    }
+  }
+  close(fd);
+  if (r < 0)
+    cli_error(cmd, path, "%s", err);
+  return r < 0 ? -1 : 0;
+}

@@ -39,6 +39,12 @@ int image_opts_raw_file(int fd, uint64_t size, enum qcow2_prealloc prealloc);
  * -1 when CMD has said why. */
 int image_opts_data_file(const char *cmd, const char *image,
                          const struct image_opts *o, uint64_t size);
+/* A new image file PATH of format FMT ("raw" or "qcow2") and SIZE bytes,
+ * laid out as O says, made under its write lock taken before the
+ * truncation (a busy image is refused, never emptied).  0, or -1 when CMD
+ * has said why. */
+int image_opts_create_file(const char *cmd, const char *path, const char *fmt,
+                           const struct image_opts *o, uint64_t size);
 /* log2 of V when V is a power of two, else -1. */
 int image_opts_log2(uint64_t v);
 

@@ -31,6 +31,7 @@ static const struct command {
     {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
     {"bitmap", bitmap_main, "change the persistent bitmaps of a qcow2 image"},
     {"measure", measure_main, "how large a new raw or qcow2 image would be"},
+    {"dd", dd_main, "copy part of an image into a new one, as dd"},
 };
 
 static void usage(FILE *f) {
