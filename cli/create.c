@@ -44,8 +44,8 @@ static const char create_usage[] =
     "  -b, --backing FILE        backing file (qcow2; relative to FILE's "
     "directory),\n"
     "                            or an NBD URI (its data read as raw)\n"
-    "  -F, --backing-format FMT  backing file format: raw or qcow2 (default: "
-    "probed)\n"
+    "  -F, --backing-format FMT  backing file format: raw or qcow2 (needed "
+    "with -b)\n"
     "  -u, --unsafe              do not open the backing file\n"
     "  -q, --quiet               print nothing on success\n"
     "  -h, --help                show this help\n"
@@ -198,8 +198,16 @@ static int check_backing(struct create_args *a) {
     free(path);
     return -1;
   }
+  /* As qemu-img 7.2: a probed backing format is refused (a raw base whose
+   * data looks like another format would be read as that format). */
+  bool no_fmt = !a->o.backing_fmt;
   if (a->unsafe) {
     free(path);
+    if (no_fmt) {
+      cli_error("create", a->file,
+                "backing file specified without backing format (-F)");
+      return -1;
+    }
     if (!a->o.has_size) {
       cli_error("create", NULL, "-u needs a size");
       return -1;
@@ -212,6 +220,15 @@ static int check_backing(struct create_args *a) {
   if (!b) {
     cli_error("create", NULL, "cannot open backing file %s: %s",
               path ? path : a->o.backing, bd_errmsg());
+    free(path);
+    return -1;
+  }
+  if (no_fmt) {
+    cli_error("create", a->file,
+              "backing file specified without backing format (-F); "
+              "detected format of %s: %s",
+              a->o.backing, a->o.backing_fmt);
+    bd_close(b);
     free(path);
     return -1;
   }

@@ -174,11 +174,11 @@ run qemu-img compare "$T/base.raw" "$T/ov1.qcow2" || fail_soft "overlay differs 
 # A qcow2 base with data, a probed format, and an overlay of the overlay.
 run qemu-img create -q -f qcow2 "$T/base.qcow2" 8M
 qio "write base" -f qcow2 -c "write -P 0x77 2M 1M" "$T/base.qcow2"
-run "$BLOCKPORT" create -q -f qcow2 -o backing_file=base.qcow2,cluster_size=4k \
-    "$T/ov2.qcow2" 16M
+run "$BLOCKPORT" create -q -f qcow2 \
+    -o backing_file=base.qcow2,backing_fmt=qcow2,cluster_size=4k "$T/ov2.qcow2" 16M
 expect_field "$T/ov2.qcow2" 'j["backing-filename-format"]' qcow2
 expect_field "$T/ov2.qcow2" 'j["virtual-size"]' $((16 * 1024 * 1024))
-run "$BLOCKPORT" create -q -f qcow2 -b ov2.qcow2 -o compat=0.10 "$T/ov3.qcow2"
+run "$BLOCKPORT" create -q -f qcow2 -b ov2.qcow2 -F qcow2 -o compat=0.10 "$T/ov3.qcow2"
 run qemu-img check -q "$T/ov3.qcow2" || fail_soft "check second overlay"
 qio "ov3 reads its chain" -f qcow2 -c "read -P 0x77 2M 1M" \
     -c "read -P 0 3M 13M" "$T/ov3.qcow2"
@@ -281,6 +281,11 @@ expect_rc 1 "$BLOCKPORT" create -f qcow2 -o extended_l2=on,cluster_size=4k "$T/e
 expect_rc 1 "$BLOCKPORT" create -f qcow2 -o cluster_size=512 "$T/e.qcow2" 1P
 expect_rc 1 "$BLOCKPORT" create -f qcow2 -o preallocation=metadata "$T/e.qcow2" 1P
 expect_rc 1 "$BLOCKPORT" create -f qcow2 -b nosuch.qcow2 "$T/e.qcow2" 1M
+# A backing file without its format, probed or not, as qemu-img 7.2.
+expect_rc 1 "$BLOCKPORT" create -f qcow2 -b base.qcow2 "$T/e.qcow2"
+grep -q "e.qcow2: backing file specified without backing format (-F); detected format of base.qcow2: qcow2" "$T/err" ||
+    fail "no message naming -F: $(cat "$T/err")"
+expect_rc 1 "$BLOCKPORT" create -f qcow2 -u -b base.qcow2 "$T/e.qcow2" 8M
 expect_rc 1 "$BLOCKPORT" create -f qcow2 -b e2.qcow2 "$T/e2.qcow2" 1M
 expect_rc 1 "$BLOCKPORT" create -f raw "$T/nosuchdir/x.raw" 1M
 expect_rc 0 "$BLOCKPORT" create --help
