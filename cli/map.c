@@ -13,7 +13,8 @@
 #include "commands.h"
 
 static const char map_usage[] =
-    "Usage: blockport map [--output human|json] [-f FMT] [-U] IMAGE\n"
+    "Usage: blockport map [--output human|json] [-f FMT] [-U] "
+    "[--start-offset OFFSET] [--max-length LENGTH] IMAGE\n"
     "Print where each range of IMAGE lives: which layer of its backing chain\n"
     "(depth), whether it is allocated (present), reads as zeroes, holds data,\n"
     "and at which offset of which file.  --output=json (or --json) prints\n"
@@ -21,6 +22,8 @@ static const char map_usage[] =
     "default) its table.  -U/--force-share maps a qcow2 image that\n"
     "another process writes (without it, such an image is refused; a raw\n"
     "file is mapped beside a writer, as qemu-img map maps it).\n"
+    "--start-offset and --max-length map only that range (sizes with the\n"
+    "suffixes k, M, G, T, P, E).\n"
     "IMAGE may be an NBD URI or rbd:POOL/IMAGE[@SNAP] (with fast-diff, an\n"
     "RBD image maps by whole objects, as qemu-img map shows it).\n"
     "Exit status: 0 success, 1 bad usage or the image cannot be read.\n";
@@ -57,31 +60,43 @@ static int print_entry(const struct map_entry *e, bool json, bool first) {
   return 0;
 }
 
-static int walk(struct bd *bd, bool json) {
-  struct map_entry cur = {0}, next;
-  bool have = false, first = true;
+/* The runs of [START, END), merged; as qemu-img, the last one is printed
+ * even when the range is empty (a run of length 0 at START). */
+static int walk(struct bd *bd, bool json, uint64_t start, uint64_t end) {
+  struct map_entry cur = {.start = start}, next;
+  bool first = true;
   if (!json)
     printf("%-15s %-15s %-15s %s\n", "Offset", "Length", "Mapped to", "File");
-  for (uint64_t off = 0; off < bd->size; off += next.length) {
-    if (map_first(bd, 0, off, bd->size - off, &next) < 0 || !next.length) {
+  for (uint64_t off = start; off < end; off += next.length) {
+    if (map_first(bd, 0, off, end - off, &next) < 0 || !next.length) {
       cli_error("map", NULL, "at offset %llu: %s", (unsigned long long)off,
                 bd_errmsg());
       return 1;
     }
-    if (have && mergeable(&cur, &next)) {
+    if (mergeable(&cur, &next)) {
       cur.length += next.length;
       continue;
     }
-    if (have && print_entry(&cur, json, first) < 0)
-      return 1;
-    first = !have && first;
+    if (cur.length > 0) {
+      if (print_entry(&cur, json, first) < 0)
+        return 1;
+      first = false;
+    }
     cur = next;
-    have = true;
   }
-  if (have && print_entry(&cur, json, first) < 0)
+  if (print_entry(&cur, json, first) < 0)
     return 1;
   if (json)
-    printf(have ? "]\n" : "[]\n");
+    printf("]\n");
+  return 0;
+}
+
+/* --start-offset and --max-length: a size, as qemu-img reads one. */
+static int range_option(const char *what, const char *arg, uint64_t *out) {
+  if (cli_parse_qemu_size(arg, out) < 0) {
+    cli_usage_error("map", "invalid %s '%s'", what, arg);
+    return -1;
+  }
   return 0;
 }
 
@@ -91,9 +106,12 @@ int map_main(int argc, char **argv) {
       {"output", required_argument, NULL, 'o'},
       {"format", required_argument, NULL, 'f'},
       {"force-share", no_argument, NULL, 'U'},
+      {"start-offset", required_argument, NULL, 's'},
+      {"max-length", required_argument, NULL, 'l'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
-  bool json = false, share = false;
+  bool json = false, share = false, has_max = false;
+  uint64_t start = 0, max_len = 0;
   const char *fmt = NULL;
   int ch;
   while ((ch = getopt_long(argc, argv, "jf:Uh", longopts, NULL)) != -1) {
@@ -108,6 +126,15 @@ int map_main(int argc, char **argv) {
       break;
     case 'f': fmt = optarg; break;
     case 'U': share = true; break;
+    case 's':
+      if (range_option("start offset", optarg, &start) < 0)
+        return 1;
+      break;
+    case 'l':
+      if (range_option("max length", optarg, &max_len) < 0)
+        return 1;
+      has_max = true;
+      break;
     case 'h': fputs(map_usage, stdout); return 0;
     default: cli_usage_error("map", NULL); return 1;
     }
@@ -124,7 +151,10 @@ int map_main(int argc, char **argv) {
     cli_error("map", NULL, "%s", bd_errmsg());
     return 1;
   }
-  int r = walk(bd, json);
+  uint64_t end = bd->size;
+  if (has_max && max_len < end && start <= end - max_len)
+    end = start + max_len;
+  int r = walk(bd, json, start, end);
   bd_close(bd);
   return r;
 }

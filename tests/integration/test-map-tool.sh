@@ -92,3 +92,19 @@ done
 rc=0; "$BLOCKPORT" map --output=xml top.qcow2 2>err.txt || rc=$?
 [ $rc -eq 1 ] && grep -q "human or json" err.txt || fail "--output=xml: exit $rc"
 ok "--output=json, --output human, --output=xml refused"
+
+check "--start-offset and --max-length: the same runs as qemu-img's"
+for range in "--start-offset=1M --max-length=3M" "--start-offset=65536 --max-length=70000" \
+    "--start-offset=500k" "--max-length=100G" "--start-offset=1 --max-length=1" \
+    "--start-offset=1G" "--max-length=0"; do
+  for out in json human; do
+    # shellcheck disable=SC2086 # $range is words
+    qemu-img map --output=$out $range top.qcow2 >q.out
+    # shellcheck disable=SC2086
+    "$BLOCKPORT" map --output=$out $range top.qcow2 >bp.out || fail "map $range"
+    diff -u <(tr -s ' ' <q.out) <(tr -s ' ' <bp.out) || fail "map --output=$out $range differs"
+  done
+done
+rc=0; "$BLOCKPORT" map --start-offset=-1 top.qcow2 2>err.txt || rc=$?
+[ $rc -eq 1 ] && grep -q "start offset" err.txt || fail "--start-offset=-1: exit $rc"
+ok "the same runs; a negative offset refused"
