@@ -47,6 +47,8 @@ static const char serve_head[] =
     "                            process writes (qemu-img's -U)\n"
     "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
     "                            more; \"\" is the default export)\n"
+    "      --description TEXT    what clients see of every IMAGE (nbdinfo;\n"
+    "                            default none: the path stays private)\n"
     "  -B, --bitmap NAME         offer the persistent dirty bitmap NAME of\n"
     "                            every IMAGE (qcow2, or an NBD URI whose\n"
     "                            server has it) as the meta context\n"
@@ -139,6 +141,7 @@ enum {
   OPT_MAX_BYTES,
   OPT_RUN,
   OPT_FORK,
+  OPT_DESCRIPTION,
 };
 
 static void usage(FILE *f, const struct serve_cli *c) {
@@ -218,6 +221,7 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case 'r': o->readonly = true; return 1;
   case 'U': o->force_share = true; return 1;
   case OPT_RO_EXPORT: return add_ro_export(o, arg);
+  case OPT_DESCRIPTION: o->description = arg; return 1;
   case 'B': return add_bitmap(o, arg);
   case OPT_CONFIG: o->config = arg; return 1;
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
@@ -390,6 +394,7 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"tls-verify-peer", no_argument, NULL, OPT_TLS_VERIFY},
       {"allow", required_argument, NULL, OPT_ALLOW},
       {"readonly-export", required_argument, NULL, OPT_RO_EXPORT},
+      {"description", required_argument, NULL, OPT_DESCRIPTION},
       {"bitmap", required_argument, NULL, 'B'},
       {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},

@@ -114,6 +114,7 @@ struct bd *bd_new(const struct bd_ops *ops, const char *format,
   if (!bd->format || !bd->description) {
     free(bd->format);
     free(bd->description);
+    free(bd->export_description);
     free(bd);
     return NULL;
   }

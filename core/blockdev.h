@@ -227,8 +227,12 @@ struct bd {
   struct bd_caps caps;
   enum bd_concurrency conc;
   enum bd_exec exec;
-  char *format;                /* "raw", "null", ... */
-  char *description;           /* human-readable, e.g. the path */
+  char *format;      /* "raw", "null", ... */
+  char *description; /* human-readable, e.g. the path */
+  /* What the source itself tells clients about the disk (an nbdkit
+   * plugin's export_description), NULL: nothing.  Never a path: the NBD
+   * server sends it as the export's description. */
+  char *export_description;
   pthread_mutex_t serial_lock; /* BD_CONC_SERIALIZE and _CONNS */
   /* Connections (sources with conn_open() only). */
   pthread_mutex_t conn_lock;

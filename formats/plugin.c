@@ -932,8 +932,11 @@ static struct bd *make_device(struct plugin *pl) {
   if (!desc && asprintf(&fallback, "nbdkit plugin %s", pl->p.name) < 0)
     fallback = NULL;
   struct bd *bd = bd_new(&plugin_ops, "nbdkit", desc ? desc : fallback);
-  free(desc);
   free(fallback);
+  if (bd)
+    bd->export_description = desc; /* the plugin's own words */
+  else
+    free(desc);
   if (!bd) {
     bd_set_error("out of memory");
     return NULL;

@@ -370,7 +370,12 @@ static struct hs_export hs_export_of(const struct export *e) {
     f |= NBD_FLAG_SEND_CACHE;
   return (struct hs_export){
       .name = e->name,
-      .description = e->description ? e->description : bd->description,
+      /* One given (--description, the config), else what the source
+       * says of itself: never the device's description, which names the
+       * server's file (a client has no business seeing it). */
+      .description = e->description           ? e->description
+                     : bd->export_description ? bd->export_description
+                                              : "",
       .size = bd->size,
       .tflags = f,
       .min_block = advertised_min(bd),

@@ -230,7 +230,7 @@ static void send_requested_infos(uint32_t opt, const struct hs_export *e,
     sent |= 1u << type;
     if (type == NBD_INFO_NAME)
       info_reply(out, opt, NBD_INFO_NAME, e->name, strlen(e->name));
-    else
+    else if (*e->description) /* none: not sent, as qemu-nbd without -D */
       info_reply(out, opt, NBD_INFO_DESCRIPTION, e->description,
                  strlen(e->description));
   }

@@ -111,7 +111,8 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
         named ? strndup(img, (size_t)(eq - img)) : strdup(i > 0 ? img : "");
     e->path = strdup(named ? eq + 1 : img);
     e->is_default = i == 0;
-    if (!e->name || !e->path)
+    e->description = o->description ? strdup(o->description) : NULL;
+    if (!e->name || !e->path || (o->description && !e->description))
       return -1;
     /* A plugin's device serves its listed exports too: it stays writable
      * and exports.c makes the named exports read-only. */

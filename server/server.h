@@ -113,6 +113,7 @@ struct serve_opts {
   size_t n_ro_exports;
   char **bitmaps; /* -B NAME: exported from every IMAGE */
   size_t n_bitmaps;
+  const char *description; /* --description: of every IMAGE, NULL: none */
   const struct bd_open_opts *open; /* how images are opened, NULL: the
                                     * defaults */
   unsigned workers;

@@ -183,4 +183,21 @@ assert names == ["alpha", "beta"], names
 ok "TCP"
 stop_server
 
+check "the server's file paths stay private unless a description is given"
+start_server "alpha=$T/a.img" "beta=memory:$B_SIZE"
+run nbdinfo --list "$URI" >"$T/private.txt" || fail "nbdinfo --list failed"
+run nbdinfo "nbd+unix:///alpha?socket=$SOCK" >>"$T/private.txt" || fail "nbdinfo failed"
+grep -q "alpha" "$T/private.txt" || fail "no export listed: $(cat "$T/private.txt")"
+# (nbdinfo prints the URI it used, which names the socket: not sent.)
+if grep -v "uri: " "$T/private.txt" | grep -E "$T|a\.img|memory:|description"; then
+    fail "a path or description was sent without --description"
+fi
+stop_server
+start_server --description "Build VM root disk" "alpha=$T/a.img"
+run nbdinfo "nbd+unix:///alpha?socket=$SOCK" >"$T/desc.txt" || fail "nbdinfo failed"
+grep -q "description: Build VM root disk" "$T/desc.txt" ||
+    fail "--description not sent: $(cat "$T/desc.txt")"
+stop_server
+ok "no path by default; --description sent"
+
 echo "PASS"
