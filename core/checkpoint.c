@@ -39,9 +39,9 @@
 #include <unistd.h>
 
 #include "bitrun.h"
+#include "filter.h"
 #include "io.h"
 #include "log.h"
-#include "pool.h"
 #include "source.h"
 
 #define COPYING (1ull << 63)  /* map value: fleece slot, copy under way */
@@ -255,18 +255,14 @@ struct ckpt {
   struct ckpt *next;
 };
 
-/* A request on the live device. */
+/* A write on the live device queued during a checkpoint's pause. */
 struct lreq {
-  struct bd_req child; /* to INNER; first (also the pool's request) */
-  struct bd_req *parent;
-  struct live *lv;
-  bool write; /* counted in inflight */
-  struct lreq *qnext;
+  struct bd_req *req;
+  struct lreq *next;
 };
 
 struct live {
   struct bd *inner;
-  struct bd *helper; /* runs copy jobs on the pool (job_ops) */
   pthread_mutex_t lock;
   pthread_cond_t cond;
   unsigned waiters; /* threads in cond_wait: broadcast only then */
@@ -317,7 +313,6 @@ static void lv_free(struct live *lv) {
     lv->ckpts = c->next;
     ckpt_free(c);
   }
-  bd_close(lv->helper);
   bd_close(lv->inner);
   pthread_cond_destroy(&lv->cond);
   pthread_mutex_destroy(&lv->lock);
@@ -552,16 +547,30 @@ again:
     (void)view_unref((*slots)[i].v);
 }
 
-/* Runs on a pool worker: the copies of one write (the helper device's
- * pwrite, BUF being the request). */
-static int job_run(struct bd *helper, const void *buf, uint64_t len,
-                   uint64_t off, uint32_t flags) {
-  (void)helper, (void)len, (void)off, (void)flags;
-  struct lreq *q = (struct lreq *)buf;
-  struct live *lv = q->lv;
-  const struct bd_req *p = q->parent;
-  uint64_t g0 = p->offset >> lv->gshift;
-  uint64_t g1 = ((p->offset + p->length - 1) >> lv->gshift) + 1;
+/* ---- the live device: a filter guarding writes ---- */
+
+static int write_after(struct bd_req *req, int err, void *arg);
+
+/* Released first: the request's done() may close the device. */
+static void write_release(struct live *lv) {
+  if (atomic_fetch_sub(&lv->inflight, 1) == 1 && atomic_load(&lv->paused)) {
+    pthread_mutex_lock(&lv->lock);
+    lv_wake(lv);
+    pthread_mutex_unlock(&lv->lock);
+  }
+}
+
+static int write_after(struct bd_req *req, int err, void *arg) {
+  (void)req;
+  write_release(arg);
+  return err;
+}
+
+/* On a pool worker: the copies one write needs, then the write. */
+static void copy_then_write(struct bd *bd, struct bd_req *req) {
+  struct live *lv = bd_filter_state(bd);
+  uint64_t g0 = req->offset >> lv->gshift;
+  uint64_t g1 = ((req->offset + req->length - 1) >> lv->gshift) + 1;
   void *cbuf = NULL;
   struct slot *slots = NULL;
   size_t nslots = 0;
@@ -571,93 +580,35 @@ static int job_run(struct bd *helper, const void *buf, uint64_t len,
   pthread_mutex_unlock(&lv->lock);
   free(cbuf);
   free(slots);
-  return 0;
-}
-
-static const struct bd_ops job_ops = {.name = "checkpoint-copy",
-                                      .pwrite = job_run};
-
-/* ---- the live device ---- */
-
-static bool is_write_cmd(enum bd_cmd c) {
-  return c == BD_WRITE || c == BD_ZERO || c == BD_TRIM;
-}
-
-static void write_release(struct live *lv) {
-  if (atomic_fetch_sub(&lv->inflight, 1) == 1 && atomic_load(&lv->paused)) {
-    pthread_mutex_lock(&lv->lock);
-    lv_wake(lv);
-    pthread_mutex_unlock(&lv->lock);
-  }
-}
-
-static void fwd_done(struct bd_req *child, int err) {
-  struct lreq *q = (struct lreq *)child;
-  struct bd_req *parent = q->parent;
-  struct live *lv = q->lv;
-  bool w = q->write;
-  if (err < 0) /* INNER's words are the parent's */
-    memcpy(parent->errmsg, child->errmsg, sizeof parent->errmsg);
-  free(q);
-  /* Released first: the parent's done() may close the device. */
-  if (w)
-    write_release(lv);
-  bd_complete(parent, err);
-}
-
-static void forward(struct lreq *q) {
-  struct bd_req *p = q->parent;
-  q->child = (struct bd_req){.cmd = p->cmd,
-                             .flags = p->flags,
-                             .offset = p->offset,
-                             .length = p->length,
-                             .buf = p->buf,
-                             .extents = p->extents,
-                             .context = p->context,
-                             .done = fwd_done,
-                             .conn = p->conn ? p->conn->priv : NULL};
-  bd_submit(q->lv->inner, &q->child);
-}
-
-static void job_done(struct bd_req *req, int err) {
-  (void)err; /* the copies report by breaking views */
-  forward((struct lreq *)req);
+  bd_filter_forward(req, write_after, lv);
 }
 
 /* A write admitted (counted in flight, no pause): mark it, copy what views
  * need, forward it. */
-static void write_start(struct live *lv, struct lreq *q) {
-  const struct bd_req *p = q->parent;
-  if (p->length == 0) {
-    forward(q);
+static void write_start(struct live *lv, struct bd_req *req) {
+  if (req->length == 0) {
+    bd_filter_forward(req, write_after, lv);
     return;
   }
-  uint64_t g0 = p->offset >> lv->gshift;
-  uint64_t g1 = ((p->offset + p->length - 1) >> lv->gshift) + 1;
+  uint64_t g0 = req->offset >> lv->gshift;
+  uint64_t g1 = ((req->offset + req->length - 1) >> lv->gshift) + 1;
   struct cbm *bm = atomic_load(&lv->rec);
   if (bm)
     cbm_set(bm, g0, g1);
-  if (atomic_load(&lv->nviews) == 0) {
-    forward(q);
-    return;
+  bool copy = false;
+  if (atomic_load(&lv->nviews) > 0) {
+    pthread_mutex_lock(&lv->lock);
+    copy = needs_copy(lv, g0, g1);
+    pthread_mutex_unlock(&lv->lock);
   }
-  pthread_mutex_lock(&lv->lock);
-  bool copy = needs_copy(lv, g0, g1);
-  pthread_mutex_unlock(&lv->lock);
-  if (!copy) {
-    forward(q);
-    return;
-  }
-  q->child = (struct bd_req){.cmd = BD_WRITE,
-                             .length = 1,
-                             .buf = q,
-                             .done = job_done,
-                             .bd = lv->helper};
-  bd_pool_queue(&q->child);
+  if (!copy)
+    bd_filter_forward(req, write_after, lv);
+  else if (bd_filter_offload(req, copy_then_write) < 0)
+    bd_complete(req, write_after(req, -ENOMEM, lv));
 }
 
 /* Counts the write in flight, or queues it while a checkpoint is taken. */
-static void write_admit(struct live *lv, struct lreq *q) {
+static void write_admit(struct live *lv, struct bd_req *req) {
   for (;;) {
     atomic_fetch_add(&lv->inflight, 1);
     if (!atomic_load(&lv->paused))
@@ -665,42 +616,31 @@ static void write_admit(struct live *lv, struct lreq *q) {
     write_release(lv);
     pthread_mutex_lock(&lv->lock);
     if (atomic_load(&lv->paused)) {
-      q->qnext = NULL;
-      *lv->qtail = q;
-      lv->qtail = &q->qnext;
+      struct lreq *q = malloc(sizeof *q);
+      if (q) {
+        *q = (struct lreq){req, NULL};
+        *lv->qtail = q;
+        lv->qtail = &q->next;
+      }
       pthread_mutex_unlock(&lv->lock);
+      if (!q)
+        bd_complete(req, -ENOMEM);
       return;
     }
     pthread_mutex_unlock(&lv->lock);
   }
-  write_start(lv, q);
+  write_start(lv, req);
 }
 
+/* Writes, zeroes and trims (BD_FILTER_WRITES); the rest is forwarded. */
 static void live_submit(struct bd *bd, struct bd_req *req) {
-  struct live *lv = bd->priv;
-  struct lreq *q = malloc(sizeof *q);
-  if (!q) {
-    bd_complete(req, -ENOMEM);
-    return;
-  }
-  q->parent = req;
-  q->lv = lv;
-  q->write = is_write_cmd(req->cmd);
-  if (q->write)
-    write_admit(lv, q);
-  else
-    forward(q);
+  write_admit(bd_filter_state(bd), req);
 }
 
-/* Only the core's final flush of bd_close() comes here (the device is
- * BD_EXEC_ASYNC). */
-static int live_flush(struct bd *bd) {
-  struct live *lv = bd->priv;
-  return bd_flush(lv->inner);
-}
-
-static void live_close(struct bd *bd) {
-  struct live *lv = bd->priv;
+/* The live device closed: INNER stays open while views read it. */
+static void live_close(void *state, struct bd *inner) {
+  (void)inner; /* lv->inner */
+  struct live *lv = state;
   pthread_mutex_lock(&lv->lock);
   bool last = lv_unref(lv);
   pthread_mutex_unlock(&lv->lock);
@@ -708,36 +648,10 @@ static void live_close(struct bd *bd) {
     lv_free(lv);
 }
 
-static void *live_conn_open(struct bd *bd, const struct bd_conn_params *p) {
-  struct live *lv = bd->priv;
-  return bd_conn_open_peer(lv->inner, p->export_name, p->readonly, p->peer_fd);
-}
-
-static void live_conn_close(struct bd *bd, void *priv) {
-  struct live *lv = bd->priv;
-  bd_conn_close(lv->inner, priv);
-}
-
-static int live_list_exports(struct bd *bd, bool readonly,
-                             struct bd_export_list *l) {
-  struct live *lv = bd->priv;
-  return bd_list_exports(lv->inner, readonly, l);
-}
-
-static void live_hold_locks(struct bd *bd, bool hold) {
-  struct live *lv = bd->priv;
-  bd_hold_locks(lv->inner, hold);
-}
-
-#define LIVE_OPS                                                               \
-  .name = "checkpoint-live", .submit = live_submit, .flush = live_flush,       \
-  .close = live_close, .list_exports = live_list_exports,                      \
-  .hold_locks = live_hold_locks
-
-static const struct bd_ops live_ops = {LIVE_OPS};
-/* For an INNER with connections: the live device's open INNER's. */
-static const struct bd_ops live_conn_ops = {
-    LIVE_OPS, .conn_open = live_conn_open, .conn_close = live_conn_close};
+static const struct bd_filter_ops cbw_ops = {.name = "copy-before-write",
+                                             .intercept = BD_FILTER_WRITES,
+                                             .submit = live_submit,
+                                             .close = live_close};
 
 /* ---- bitmaps INNER keeps ---- */
 
@@ -830,55 +744,52 @@ static int persist_switch(struct live *lv, struct ckpt *prev,
 }
 
 bool ckpt_is_live(const struct bd *bd) {
-  return bd && (bd->ops == &live_ops || bd->ops == &live_conn_ops);
+  return bd_filter_ops_of(bd) == &cbw_ops;
 }
 
 uint32_t ckpt_granularity(const struct bd *live) {
-  return ckpt_is_live(live) ? ((struct live *)live->priv)->gran : 0;
+  return ckpt_is_live(live) ? ((struct live *)bd_filter_state(live))->gran : 0;
+}
+
+/* The granule for INNER: GRAN raised to its minimum block; 0 with a
+ * message when either is no power of two. */
+static uint64_t granule(const struct bd *inner, uint64_t gran) {
+  if (gran < 512 || gran > (1ull << 31) || (gran & (gran - 1))) {
+    bd_set_error("%s: checkpoint granularity %llu is not a power of two "
+                 "from 512 bytes to 2 GiB",
+                 inner->description, (unsigned long long)gran);
+    return 0;
+  }
+  uint32_t mb = inner->caps.min_block;
+  if (mb > gran && (mb & (mb - 1))) {
+    bd_set_error("%s: minimum block %u is not a power of two",
+                 inner->description, mb);
+    return 0;
+  }
+  return mb > gran ? mb : gran;
 }
 
 struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o) {
   struct ckpt_opts opts = {0};
   if (o)
     opts = *o;
-  uint64_t gran =
-      opts.granularity ? opts.granularity : CKPT_DEFAULT_GRANULARITY;
-  if (gran < 512 || gran > (1ull << 31) || (gran & (gran - 1))) {
-    bd_set_error("%s: checkpoint granularity %llu is not a power of two "
-                 "from 512 bytes to 2 GiB",
-                 inner->description, (unsigned long long)gran);
+  uint64_t gran = granule(inner, opts.granularity ? opts.granularity
+                                                  : CKPT_DEFAULT_GRANULARITY);
+  if (!gran)
     return NULL;
-  }
-  uint32_t mb = inner->caps.min_block;
-  if (mb > gran) {
-    if (mb & (mb - 1)) {
-      bd_set_error("%s: minimum block %u is not a power of two",
-                   inner->description, mb);
-      return NULL;
-    }
-    gran = mb;
-  }
   struct live *lv = calloc(1, sizeof *lv);
-  struct bd *bd = bd_new(inner->ops->conn_open ? &live_conn_ops : &live_ops,
-                         inner->format, inner->description);
-  struct bd *helper = bd_new(&job_ops, "checkpoint-copy", inner->description);
   char *dir =
       strdup(opts.fleece_dir ? opts.fleece_dir : CKPT_DEFAULT_FLEECE_DIR);
-  int r = lv && bd && helper && dir ? 0 : -ENOMEM;
-  for (size_t i = 0; r == 0 && i < inner->ncontexts; i++)
-    r = bd_add_context(bd, inner->contexts[i]);
-  if (r < 0) {
+  struct bd *bd = lv && dir ? bd_filter_new(inner, &cbw_ops, lv) : NULL;
+  if (!bd) {
     bd_set_error("%s: out of memory", inner->description);
     free(lv);
-    bd_close(bd);
-    bd_close(helper);
     free(dir);
     return NULL;
   }
   pthread_mutex_init(&lv->lock, NULL);
   pthread_cond_init(&lv->cond, NULL);
   lv->inner = inner;
-  lv->helper = helper;
   lv->refs = 1;
   lv->gran = (uint32_t)gran;
   lv->gshift = (unsigned)__builtin_ctzll(gran);
@@ -886,17 +797,6 @@ struct bd *ckpt_live_open(struct bd *inner, const struct ckpt_opts *o) {
   lv->fleece_dir = dir;
   lv->limit = opts.fleece_limit;
   lv->qtail = &lv->queued;
-  helper->size = 1;
-  helper->exec = BD_EXEC_POOL;
-  bd->priv = lv;
-  bd->size = inner->size;
-  bd->caps = inner->caps; /* aligned_only too: INNER's aligner does it */
-  bd->conc = BD_CONC_PARALLEL;
-  bd->exec = BD_EXEC_ASYNC;
-  /* As INNER was opened, for users that compare openings (a server's
-   * reload); applying the mode again on the way through changes nothing. */
-  bd->cache = inner->cache;
-  bd->aio = inner->aio;
   resume(lv);
   return bd;
 }
@@ -1275,8 +1175,10 @@ static struct lreq *unpause(struct live *lv) {
 /* Writes submitted during the pause: after the checkpoint. */
 static void readmit(struct live *lv, struct lreq *q) {
   while (q) {
-    struct lreq *next = q->qnext;
-    write_admit(lv, q);
+    struct lreq *next = q->next;
+    struct bd_req *req = q->req;
+    free(q);
+    write_admit(lv, req);
     q = next;
   }
 }
@@ -1287,7 +1189,7 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
     bd_set_error("checkpoints are taken on a live device (ckpt_live_open)");
     return -EINVAL;
   }
-  struct live *lv = live->priv;
+  struct live *lv = bd_filter_state(live);
   int r = check_name(name);
   if (r < 0)
     return r;
@@ -1442,7 +1344,7 @@ int ckpt_list(struct bd *live, struct ckpt_info **out, size_t *n,
     bd_set_error("not a live device");
     return -EINVAL;
   }
-  struct live *lv = live->priv;
+  struct live *lv = bd_filter_state(live);
   pthread_mutex_lock(&lv->lock);
   size_t k = 0;
   for (struct ckpt *c = lv->ckpts; c; c = c->next)

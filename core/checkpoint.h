@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* Checkpoint views by copy-before-write: a source that wraps another.
  *
- * ckpt_live_open() wraps a device INNER in a "live" filter, a
- * struct bd of its own that every user of the export talks to instead of
- * INNER.  ckpt_take(live, NAME) then, atomically with respect to writes (a
- * write acknowledged before it is in the checkpoint, one submitted after
- * it returns is not):
+ * ckpt_live_open() wraps a device INNER in a "live" filter
+ * (core/filter.h: copy-before-write), a struct bd of its own that every user of
+ * the export talks to instead of INNER.  ckpt_take(live, NAME) then, atomically
+ * with respect to writes (a write acknowledged before it is in the checkpoint,
+ * one submitted after it returns is not):
  *   - freezes the dirty bitmap recording since the previous checkpoint,
  *   - starts a new one, named NAME, recording writes, zeroes and trims,
  *   - returns a read-only view device showing the image as it was then.
@@ -41,33 +41,27 @@
  * fail with EIO, ckpt_list() tells why.  Writers never see an error of
  * the copy.
  *
- * The live device:
- *   - has INNER's size, caps (aligned_only and min_block included: it has
- *     no aligner of its own, a request of any range is forwarded to
- *     INNER's through bd_submit()) and named contexts, passed through;
- *     INNER's cache mode applies (the live device's own stays writeback);
- *   - is BD_EXEC_ASYNC: a request is forwarded in the submitting thread
- *     (INNER's pollers and plugs keep working); with no view open a write
- *     costs two atomic operations on a counter and setting bits in the
- *     recording bitmap (no lock).  With views open, a write whose range
- *     holds granules not yet copied for one of them runs its copies on the
- *     worker pool first, then is forwarded; other writes take one mutex to
- *     look that up.  Reads, flushes, cache, block status are forwarded.
- *   - per-connection state of INNER (nbdkit plugins) is kept: a
- *     connection of the live device opens one of INNER.
+ * The live device is a filter (core/filter.h) that guards writes: it has
+ * INNER's size, caps, contexts and connections, and forwards every request
+ * from the submitting thread (INNER's pollers and plugs keep working).
+ * With no view open a write costs two atomic operations on a counter and
+ * setting bits in the recording bitmap (no lock).  With views open, a
+ * write whose range holds granules not yet copied for one of them runs
+ * its copies on the worker pool first (bd_filter_offload()), then is
+ * forwarded; other writes take one mutex to look that up.
  * Granules are the bitmap granularity, raised to INNER's minimum block
  * when that is larger (so INNER's aligner never read-modify-writes a
  * granule the write does not cover).
  *
  * Lifetimes: ownership of INNER passes to the live device on success.
  * bd_close(live) flushes INNER and returns that (an INNER with
- * connections is flushed by its own close instead); INNER itself is closed when
- * the live device and every view are closed (views keep it alive by reference,
- * and stay readable).  bd_close(view) drops the view and frees its fleece. A
- * checkpoint's bitmap is kept while it records (the latest checkpoint) or while
- * the next checkpoint's view, which offers it, is open; a checkpoint is
- * forgotten (its name free again) once it has neither a view nor a bitmap.  No
- * request may be in flight on a device being closed.
+ * connections, see core/filter.h, is flushed by its own close instead); INNER
+ * itself is closed when the live device and every view are closed (views keep
+ * it alive by reference, and stay readable).  bd_close(view) drops the view and
+ * frees its fleece. A checkpoint's bitmap is kept while it records (the latest
+ * checkpoint) or while the next checkpoint's view, which offers it, is open; a
+ * checkpoint is forgotten (its name free again) once it has neither a view nor
+ * a bitmap.  No request may be in flight on a device being closed.
  *
  * Memory: a view costs O(granules copied for it) (a hash map), plus the
  * bitmaps (1 bit per granule each).  Fleece: a granule copied takes its
