@@ -267,6 +267,19 @@ static bool offers_contexts(const char *spec, const struct bd *bd,
   return true;
 }
 
+/* BD in the filters F puts over its images; closed when that fails. */
+static struct bd *with_filters(const struct bd_format *f, struct bd *bd,
+                               const struct bd_open_opts *o) {
+  struct bd *w = f->filter(bd, o);
+  if (!w) {
+    char why[512]; /* bd_close() may set another message */
+    snprintf(why, sizeof why, "%s", bd_errmsg());
+    bd_close(bd);
+    bd_set_error("%s", why);
+  }
+  return w;
+}
+
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   struct bd_open_opts opts = BD_OPEN_OPTS_INIT;
   if (o)
@@ -303,7 +316,7 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
     bd_close(bd);
     return NULL;
   }
-  return bd;
+  return bd && f->filter ? with_filters(f, bd, &opts) : bd;
 }
 
 /* The cache mode's promise for REQ (enum bd_cache): writes made FUA in

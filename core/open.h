@@ -33,7 +33,8 @@ enum {
   BD_OPEN_PROBED = 1u << 2,
   /* qcow2 opened for writing with a backing file: a read of clusters the
    * image does not hold copies them whole into the image (QEMU's
-   * copy-on-read), so the next read of them stays local. */
+   * copy-on-read), so the next read of them stays local: a filter over the
+   * image (formats/qcow2/copy-on-read.c). */
   BD_OPEN_COPY_ON_READ = 1u << 3,
   /* What a read-only user refuses to share, for the formats that lock
    * their file as their user asks (raw: QEMU's raw passes its user's
@@ -134,6 +135,11 @@ struct bd_format {
    * backing file (an NBD URI).  Never for a source that loads code (a
    * plugin) or would make no sense there: the image file is not trusted. */
   bool backing;
+  /* Optional: BD, as opened by open() and readied by the core (cache
+   * mode, aligner), wrapped in the filters (core/filter.h) O asks for of
+   * this format (qcow2: copy-on-read); BD itself when none.  NULL with a
+   * message in bd_errmsg(), BD then still the caller's. */
+  struct bd *(*filter)(struct bd *bd, const struct bd_open_opts *o);
 };
 /* TABLE: NULL-terminated, and outliving every opening. */
 void bd_formats_install(const struct bd_format *const *table);

@@ -45,6 +45,9 @@ int plugin_check_debug_flag(const char *arg);
  * says. */
 struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o);
 struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
+/* The filters O asks for over BD, an opened qcow2 image: copy-on-read
+ * (formats/qcow2/copy-on-read.c). */
+struct bd *qcow2_filters(struct bd *bd, const struct bd_open_opts *o);
 /* 32 MiB maps 256 GiB of 64 KiB clusters. */
 #define QCOW2_L2_CACHE_DEFAULT (32u * 1024 * 1024)
 

@@ -32,6 +32,7 @@ const struct bd_format formats_raw = {
 const struct bd_format formats_qcow2 = {
     .name = "qcow2",
     .open = qcow2_open,
+    .filter = qcow2_filters,
 };
 
 const struct bd_format *const formats_files[] = {&formats_raw, &formats_qcow2,

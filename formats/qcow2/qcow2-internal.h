@@ -48,7 +48,6 @@ struct qcow2dev {
   bool writable;
   bool for_check; /* opened by check.c: malformed entries are its to judge */
   bool broken;    /* metadata state unknown after a failed update: no writes */
-  bool cor;       /* BD_OPEN_COPY_ON_READ, writable, with a backing file */
   /* Metadata guard (guard.c): the overlap map of a writable image, and
    * whether a write on metadata was refused (atomic; then no writes). */
   struct qcow2_ol *ol;
@@ -128,10 +127,6 @@ void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
  * overlap map, corrupt images accepted). */
 struct bd *qcow2_open_check(const char *path, unsigned flags);
 int qcow2_read(struct qcow2dev *q, uint8_t *buf, uint64_t len, uint64_t off);
-/* copy-on-read.c: qcow2_read(), and clusters read from the backing file
- * copied into the image. */
-int qcow2_read_copying(struct qcow2dev *q, uint8_t *buf, uint64_t len,
-                       uint64_t off);
 /* write.c: DATA, the whole of guest CLUSTER as read from the backing file,
  * written into the image if the cluster still shows the backing file (a
  * write since the read has newer data).  0 or -errno. */

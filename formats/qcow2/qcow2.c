@@ -438,8 +438,7 @@ int qcow2_map(struct bd *bd, unsigned depth, uint64_t off, uint64_t len,
 
 static int q_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
   struct qcow2dev *q = bd->priv;
-  return q->cor ? qcow2_read_copying(q, buf, len, off)
-                : qcow2_read(q, buf, len, off);
+  return qcow2_read(q, buf, len, off);
 }
 
 bool qcow2_cluster_unallocated(struct qcow2dev *q, uint64_t cluster) {
@@ -573,7 +572,7 @@ static int ring_start(struct qcow2dev *q, struct bd_req *req, enum uring_op op,
  * its ordering included, stays on the worker pool's careful path. */
 static int q_submit_async(struct bd *bd, struct bd_req *req) {
   struct qcow2dev *q = bd->priv;
-  if (!q->ring || q->cor || fault_active() ||
+  if (!q->ring || fault_active() ||
       (req->cmd != BD_READ && req->cmd != BD_WRITE))
     return -EAGAIN;
   struct ring_segs rs = {.n = 0};
@@ -1015,8 +1014,6 @@ static struct bd *qcow2_open_chain(const char *path,
     return NULL;
   }
   bd->priv = q;
-  q->cor = (flags & BD_OPEN_COPY_ON_READ) && q->writable && q->backing &&
-           !q->g.data_file;
   bd->size = q->h.size;
   bd->exec = BD_EXEC_POOL;
   bd->caps.readonly = readonly || for_check;
