@@ -19,7 +19,9 @@
 #     restart offers qemu:dirty-bitmap:PREV marking exactly the granules
 #     written since PREV, before and after the restart; an image bitmap of
 #     the checkpoint's name is refused; after kill -9 the bitmaps left in
-#     use are not resumed (the next checkpoint has no PREV).
+#     use are not resumed (the next checkpoint has no PREV);
+#   - a checkpoint of an nbd:// source (the copy-before-write filter over a
+#     source that is no file): the view is the source as it was.
 source "$(dirname "$0")/lib.sh"
 require qemu-img
 "$PY" -c 'import nbd' 2>/dev/null || skip "python3 libnbd (nbd module) missing"
@@ -221,3 +223,29 @@ expect_flags c5 auto
 expect_flags c4 "in-use auto"
 qemu-img check -q p.qcow2 || fail "qemu-img check after kill -9 and a restart"
 ok "c4 inconsistent, c5 without a previous checkpoint"
+
+check "a checkpoint of an nbd:// source: the filter over a non-file source"
+require qemu-io
+qemu-img create -q -f raw nb.raw 4M
+qemu-io -f raw -c 'write -P 0x11 0 2M' nb.raw >/dev/null || fail "write nb.raw"
+cp nb.raw nb-before.raw
+rm -f nbbase.pid
+"$BLOCKPORT" serve --unix "$T/nbbase.sock" --pid-file "$T/nbbase.pid" -f raw \
+    nb.raw 2>>nbbase.log &
+NBBASE_PID=$!
+track_pid "$NBBASE_PID"
+wait_file 10 "$T/nbbase.pid" "$NBBASE_PID" || { cat nbbase.log; fail "base server"; }
+start_server --control "$T/ctl.sock" --fleece-dir "$T/fleece" \
+    "nbd+unix:///?socket=$T/nbbase.sock"
+ctl checkpoint n1 >/dev/null
+qemu-io -f raw -c 'write -P 0x22 512k 1M' -c flush "$URI" >/dev/null ||
+    fail "write through the server"
+qemu-img compare -q -f raw -F raw "nbd+unix:///@n1?socket=$SOCK" nb-before.raw ||
+    fail "view @n1 is not the source at n1"
+qemu-io -f raw -r -c 'read -P 0x22 512k 1M' "$URI" >/dev/null ||
+    fail "the live export lost the write"
+stop_server
+kill "$NBBASE_PID" && wait "$NBBASE_PID" 2>/dev/null
+qemu-io -f raw -r -c 'read -P 0x22 512k 1M' nb.raw >/dev/null ||
+    fail "the write did not reach the nbd:// source"
+ok "view @n1 as it was, writes reached the source"
