@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /* blockport: what a source implements.
  *
- * A source (formats/: raw, qcow2, nbd, rbd, plugin, null, memory; a
- * filter such as core/checkpoint.c) allocates its struct bd with bd_new(),
- * fills its size and capabilities, and implements struct bd_ops.  The
- * synchronous operations run where the core chooses (enum bd_exec): the
- * submitting thread, the worker pool, or the source's own submit().  A
- * failing operation returns -errno and records a message with
- * bd_set_error() (core/error.h).  Users of a device see core/blockdev.h;
- * opening one by name is core/open.h.
+ * A source (formats/: raw, qcow2, nbd, rbd, plugin, null, memory)
+ * allocates its struct bd with bd_new(), fills its size and capabilities,
+ * and implements struct bd_ops.  A source that wraps another and acts on
+ * some of its requests (copy-before-write of checkpoint views,
+ * copy-on-read) is a filter: core/filter.h builds it, and it implements
+ * only what it intercepts.  The synchronous operations run where the core
+ * chooses (enum bd_exec): the submitting thread, the worker pool, or the
+ * source's own submit().  A failing operation returns -errno and records
+ * a message with bd_set_error() (core/error.h).  Users of a device see
+ * core/blockdev.h; opening one by name is core/open.h.
  */
 #ifndef BLOCKPORT_SOURCE_H
 #define BLOCKPORT_SOURCE_H
