@@ -12,6 +12,7 @@
 struct filter {
   struct bd *inner;
   const struct bd_filter_ops *ops;
+  struct bd_ops bops; /* the device's: passthrough of what INNER has */
   void *state;
   /* Runs bd_filter_offload() work on the pool (job_ops), made on first
    * use. */
@@ -19,7 +20,6 @@ struct filter {
   pthread_mutex_t lock; /* for helper */
 };
 
-static const struct bd_ops filter_ops, filter_conn_ops;
 static const struct bd_ops bare_ops = {.name = "filter"};
 
 /* A request forwarded to INNER. */
@@ -178,32 +178,73 @@ static void filter_hold_locks(struct bd *bd, bool hold) {
   bd_hold_locks(fl->inner, hold);
 }
 
-#define FILTER_OPS                                                             \
-  .name = "filter", .submit = filter_submit, .flush = filter_flush,            \
-  .close = filter_close, .list_exports = filter_list_exports,                  \
-  .hold_locks = filter_hold_locks
+/* Persistent bitmaps are INNER's: a checkpoint over copy-on-read keeps
+ * them in the qcow2 image below. */
+static int filter_bitmap_resume(struct bd *bd, char **name) {
+  struct bd *in = bd_filter_inner(bd);
+  return in->ops->bitmap_resume(in, name);
+}
 
-static const struct bd_ops filter_ops = {FILTER_OPS};
-/* For an INNER with connections: the filter's open INNER's. */
-static const struct bd_ops filter_conn_ops = {
-    FILTER_OPS, .conn_open = filter_conn_open, .conn_close = filter_conn_close,
-    .cancel = filter_cancel};
+static int filter_bitmap_start(struct bd *bd, const char *name,
+                               uint32_t granularity) {
+  struct bd *in = bd_filter_inner(bd);
+  return in->ops->bitmap_start(in, name, granularity);
+}
+
+static int filter_bitmap_enable(struct bd *bd, const char *name, bool on) {
+  struct bd *in = bd_filter_inner(bd);
+  return in->ops->bitmap_enable(in, name, on);
+}
+
+static int filter_bitmap_bits(struct bd *bd, const char *name,
+                              int (*dirty)(void *opaque, uint64_t off,
+                                           uint64_t len),
+                              void *opaque) {
+  struct bd *in = bd_filter_inner(bd);
+  return in->ops->bitmap_bits(in, name, dirty, opaque);
+}
+
+/* The filter device's operations: its own, and the optional ones INNER
+ * has passed through. */
+static void filter_bops(struct bd_ops *o, const struct bd_ops *in) {
+  *o = (struct bd_ops){.name = "filter",
+                       .submit = filter_submit,
+                       .flush = filter_flush,
+                       .close = filter_close,
+                       .list_exports = filter_list_exports,
+                       .hold_locks = filter_hold_locks};
+  /* INNER's connections, or its cancelling of requests that name one:
+   * a connection of the filter opens one of INNER. */
+  if (in->conn_open || in->cancel) {
+    o->conn_open = filter_conn_open;
+    o->conn_close = filter_conn_close;
+    o->cancel = filter_cancel;
+  }
+  if (in->bitmap_resume && in->bitmap_start && in->bitmap_enable &&
+      in->bitmap_bits) {
+    o->bitmap_resume = filter_bitmap_resume;
+    o->bitmap_start = filter_bitmap_start;
+    o->bitmap_enable = filter_bitmap_enable;
+    o->bitmap_bits = filter_bitmap_bits;
+  }
+}
 
 struct bd *bd_filter_new(struct bd *inner, const struct bd_filter_ops *ops,
                          void *state) {
-  bool conns = inner->ops->conn_open || inner->ops->cancel;
   struct filter *fl = calloc(1, sizeof *fl);
-  struct bd *bd = bd_new(conns ? &filter_conn_ops : &filter_ops, inner->format,
-                         inner->description);
+  if (fl)
+    filter_bops(&fl->bops, inner->ops);
+  struct bd *bd =
+      fl ? bd_new(&fl->bops, inner->format, inner->description) : NULL;
   int r = fl && bd ? 0 : -ENOMEM;
   for (size_t i = 0; r == 0 && i < inner->ncontexts; i++)
     r = bd_add_context(bd, inner->contexts[i]);
   if (r < 0) {
     bd_set_error("%s: out of memory", inner->description);
-    free(fl);
     if (bd)
       bd->ops = &bare_ops; /* no state to close */
     bd_close(bd);
+    free(fl);
     return NULL;
   }
   pthread_mutex_init(&fl->lock, NULL);
@@ -223,7 +264,7 @@ struct bd *bd_filter_new(struct bd *inner, const struct bd_filter_ops *ops,
 }
 
 const struct bd_filter_ops *bd_filter_ops_of(const struct bd *bd) {
-  if (!bd || (bd->ops != &filter_ops && bd->ops != &filter_conn_ops))
+  if (!bd || bd->ops->submit != filter_submit)
     return NULL;
   return ((const struct filter *)bd->priv)->ops;
 }

@@ -13,11 +13,12 @@
  * does not intercept is forwarded unchanged.
  *
  * Everything else passes through: flush at close, list_exports,
- * hold_locks.  Connections: when INNER keeps per-connection state or
- * cancels requests (bd_ops conn_open or cancel), each connection of the
- * filter opens one of INNER, forwarded requests name it, and cancelling
- * the filter's connection cancels INNER's.  Filters stack: INNER may be a
- * filter.
+ * hold_locks, and INNER's persistent bitmaps (bd_ops bitmap_*, for a
+ * checkpoint over a filter over qcow2).  Connections: when INNER keeps
+ * per-connection state or cancels requests (bd_ops conn_open or cancel), each
+ * connection of the filter opens one of INNER, forwarded requests name it, and
+ * cancelling the filter's connection cancels INNER's.  Filters stack: INNER may
+ * be a filter.
  *
  * Ownership of INNER passes to the filter on success; closing the filter
  * closes INNER, or hands it to OPS->close().  Filters here: the

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "core/checkpoint.h"
 #include "core/filter.h"
 #include "core/source.h"
 
@@ -18,7 +19,7 @@
 
 struct ram {
   uint8_t *data;
-  atomic_uint flushes, conns_open, conns_closed, cancels;
+  atomic_uint flushes, conns_open, conns_closed, cancels, bitmaps;
   _Atomic(struct bd_conn *) cancelled; /* the last cancel()'s */
 };
 
@@ -81,6 +82,33 @@ static void ram_cancel(struct bd *bd, struct bd_conn *conn) {
   atomic_store(&r->cancelled, conn);
 }
 
+/* Persistent bitmaps, as far as a checkpoint asks: none to resume, and
+ * new ones counted. */
+static int ram_bitmap_resume(struct bd *bd, char **name) {
+  (void)bd, (void)name;
+  return -ENOENT;
+}
+
+static int ram_bitmap_start(struct bd *bd, const char *name, uint32_t gran) {
+  (void)name, (void)gran;
+  struct ram *r = bd->priv;
+  atomic_fetch_add(&r->bitmaps, 1);
+  return 0;
+}
+
+static int ram_bitmap_enable(struct bd *bd, const char *name, bool on) {
+  (void)bd, (void)name, (void)on;
+  return 0;
+}
+
+static int ram_bitmap_bits(struct bd *bd, const char *name,
+                           int (*dirty)(void *opaque, uint64_t off,
+                                        uint64_t len),
+                           void *opaque) {
+  (void)bd, (void)name, (void)dirty, (void)opaque;
+  return 0;
+}
+
 static void ram_close(struct bd *bd) {
   struct ram *r = bd->priv;
   free(r->data);
@@ -97,6 +125,10 @@ static const struct bd_ops ram_ops = {.name = "ram",
                                       .conn_open = ram_conn_open,
                                       .conn_close = ram_conn_close,
                                       .cancel = ram_cancel,
+                                      .bitmap_resume = ram_bitmap_resume,
+                                      .bitmap_start = ram_bitmap_start,
+                                      .bitmap_enable = ram_bitmap_enable,
+                                      .bitmap_bits = ram_bitmap_bits,
                                       .close = ram_close};
 
 static struct bd *ram_new(struct ram **out) {
@@ -270,4 +302,21 @@ Test(filter, work_offloaded_to_the_pool) {
   cr_assert_eq(run(f, BD_WRITE, 0, sizeof b, b, NULL), 0);
   cr_assert_eq(r->data[100], 0x5a); /* writes went through */
   cr_assert_eq(bd_close(f), 0);
+}
+
+/* A checkpoint over a filter keeps its bitmaps in the source below. */
+Test(filter, persistent_bitmaps_pass_through) {
+  struct ram *r;
+  struct counts c = {0};
+  struct bd *live = ckpt_live_open(filter(ram_new(&r), &count_all, &c), NULL);
+  cr_assert_not_null(live, "%s", bd_errmsg());
+  struct bd *view = NULL;
+  cr_assert_eq(ckpt_take(live, "c1", &view), 0, "%s", bd_errmsg());
+  cr_assert_eq(r->bitmaps, 1);
+  uint8_t b[4096] = {1};
+  cr_assert_eq(run(live, BD_WRITE, 0, sizeof b, b, NULL), 0);
+  cr_assert_eq(c.seen[BD_READ], 1); /* the copy for the view */
+  cr_assert_eq(c.seen[BD_WRITE], 1);
+  bd_close(view);
+  cr_assert_eq(bd_close(live), 0);
 }
