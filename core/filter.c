@@ -239,6 +239,9 @@ struct bd *bd_filter_new(struct bd *inner, const struct bd_filter_ops *ops,
   int r = fl && bd ? 0 : -ENOMEM;
   for (size_t i = 0; r == 0 && i < inner->ncontexts; i++)
     r = bd_add_context(bd, inner->contexts[i]);
+  if (r == 0 && inner->export_description &&
+      !(bd->export_description = strdup(inner->export_description)))
+    r = -ENOMEM;
   if (r < 0) {
     bd_set_error("%s: out of memory", inner->description);
     if (bd)
