@@ -464,7 +464,9 @@ def info_known_export(t):
 def info_repeated_requests_answered_once(t):
     # A request list that names one kind 30,000 times (60 KB, under the
     # option size limit) gets one reply of that kind, as from qemu-nbd.
-    with Server(t, ["memory:64M", "disk=memory:1M"]) as s:
+    # A description is given: without one none is sent, as qemu-nbd -D.
+    with Server(t, ["memory:64M", "disk=memory:1M"],
+                ["--description", "a test disk"]) as s:
         c = s.connect()
         c.handshake()
         for kind in (nw.NBD_INFO_BLOCK_SIZE, nw.NBD_INFO_NAME,
@@ -485,6 +487,7 @@ def info_repeated_requests_answered_once(t):
            [nw.NBD_INFO_EXPORT, nw.NBD_INFO_NAME, nw.NBD_INFO_DESCRIPTION,
             nw.NBD_INFO_BLOCK_SIZE], "kinds of INFO replies to GO")
         eq(res.info["name"], "disk", "NBD_INFO_NAME")
+        eq(res.info["description"], "a test disk", "NBD_INFO_DESCRIPTION")
         ok_reply(c.read(0, 512), "read after GO")
         c.disconnect()
 
