@@ -8,6 +8,7 @@
 
 #include "blockdev.h"
 #include "log.h"
+#include "pipeline.h"
 #include "source.h"
 
 /* A FIFO of requests guarded by one mutex.  Workers that find it empty
@@ -27,9 +28,6 @@ static struct {
     .cond = PTHREAD_COND_INITIALIZER,
     .tail = &pool.head,
 };
-
-/* Implemented in blockdev.c: run one request synchronously. */
-int bd_execute(struct bd *bd, struct bd_req *req);
 
 static void *worker_main(void *arg) {
   char name[16];

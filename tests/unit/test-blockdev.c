@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Unit tests for core/blockdev.c and the memory and null sources. */
+/* Unit tests for core/blockdev.c, core/pipeline.c and the memory and null
+ * sources. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
