@@ -397,6 +397,18 @@ int bd_resize(struct bd *bd, uint64_t size, enum bd_prealloc prealloc);
 int bd_copy_range(struct bd *src, struct bd *dst, uint64_t off, uint64_t len,
                   uint64_t *done);
 
+/* The one splitter, for every way out that cuts a request into pieces
+ * the device takes (core/disk.c, virtio-blk): [OFF, OFF + LEN) in pieces
+ * of at most MAX bytes (0: no limit), in order.  bd_split_count() is how
+ * many (0 for an empty range), bd_split_piece() the I-th of them. */
+struct bd_split {
+  uint64_t offset, length; /* the piece */
+  uint64_t skip;           /* how far it starts into the range */
+};
+size_t bd_split_count(uint64_t len, uint64_t max);
+struct bd_split bd_split_piece(uint64_t off, uint64_t len, uint64_t max,
+                               size_t i);
+
 /* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
 int bd_parse_size(const char *s, uint64_t *out);
 

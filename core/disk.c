@@ -183,10 +183,14 @@ static void piece_done(struct bd_req *req, int err) {
   piece_put(r);
 }
 
+/* Reads and writes are cut at the device's maximum; the others (zero)
+ * go in one piece. */
+static uint64_t split_max(const struct disk *d, enum bd_cmd cmd) {
+  return cmd == BD_READ || cmd == BD_WRITE ? d->maxio : 0;
+}
+
 static size_t pieces_for(const struct disk *d, enum bd_cmd cmd, uint64_t len) {
-  if (cmd != BD_READ && cmd != BD_WRITE)
-    return 1;
-  return (size_t)((len + d->maxio - 1) / d->maxio);
+  return bd_split_count(len, split_max(d, cmd));
 }
 
 static int plan(struct disk_req *r, enum phase phase, size_t cap) {
@@ -199,21 +203,18 @@ static int plan(struct disk_req *r, enum phase phase, size_t cap) {
 /* Add a range, split at the device's maximum for reads and writes. */
 static void plan_add(struct disk_req *r, enum bd_cmd cmd, uint32_t flags,
                      uint64_t off, uint64_t len, uint8_t *buf) {
-  bool split = cmd == BD_READ || cmd == BD_WRITE;
-  while (len > 0) {
-    uint64_t n = split && len > r->disk->maxio ? r->disk->maxio : len;
+  uint64_t max = split_max(r->disk, cmd);
+  size_t n = bd_split_count(len, max);
+  for (size_t i = 0; i < n; i++) {
+    struct bd_split p = bd_split_piece(off, len, max, i);
     r->pieces[r->npieces++] =
         (struct disk_piece){.req = {.cmd = cmd,
                                     .flags = flags | BD_F_ALIGNED,
-                                    .offset = off,
-                                    .length = n,
-                                    .buf = buf,
+                                    .offset = p.offset,
+                                    .length = p.length,
+                                    .buf = buf ? buf + p.skip : NULL,
                                     .done = piece_done},
                             .r = r};
-    off += n;
-    len -= n;
-    if (buf)
-      buf += n;
   }
 }
 
@@ -469,10 +470,7 @@ struct aligned {
 bool disk_wants(const struct bd *bd, const struct bd_req *req) {
   const struct disk *d = bd->aligner;
   if (!d || (req->flags & BD_F_ALIGNED))
-    return false;
-  /* Out of range: the core refuses it with its usual error. */
-  if (req->offset > bd->size || req->length > bd->size - req->offset)
-    return false;
+    return false; /* REQ's range was checked (core/pipeline.c) */
   switch (req->cmd) {
   case BD_WRITE:
   case BD_ZERO: return true; /* all of them: under the range lock */

@@ -6,7 +6,8 @@
  *                     once, here, and never again on the way
  *   submit_checked()  a cancelled client's request ends; a range the
  *                     device cannot take goes to the aligner
- *                     (core/disk.c: aligned pieces, back to bd_submit());
+ *                     (core/disk.c: aligned pieces cut by bd_split_*(),
+ *                     back to bd_submit());
  *                     else how to execute: inline in this thread (cheap
  *                     sources, page-cache hits of try_nowait), on the
  *                     source's own queue (an io_uring ring, a remote
@@ -32,6 +33,25 @@ static _Thread_local struct bd_conn *cur_conn;
 
 void *bd_conn_current(void) {
   return cur_conn ? cur_conn->priv : NULL;
+}
+
+/* ---- splitting: the one splitter of every way out ---- */
+
+size_t bd_split_count(uint64_t len, uint64_t max) {
+  if (len == 0)
+    return 0;
+  if (max == 0 || len <= max)
+    return 1;
+  return (size_t)((len - 1) / max + 1);
+}
+
+struct bd_split bd_split_piece(uint64_t off, uint64_t len, uint64_t max,
+                               size_t i) {
+  uint64_t skip = max ? (uint64_t)i * max : 0;
+  uint64_t left = len - skip;
+  return (struct bd_split){.offset = off + skip,
+                           .length = max && left > max ? max : left,
+                           .skip = skip};
 }
 
 /* ---- validation, once per request ---- */

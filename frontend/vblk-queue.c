@@ -244,7 +244,7 @@ static uint8_t *data_buffer(struct vblk_req *r, const struct iovec *iov,
 static void start_rw(struct vblk_req *r, const struct vblk_parsed *p,
                      const struct iovec *iov) {
   uint32_t max = r->q->dev->max_io;
-  unsigned n = (unsigned)((p->length + max - 1) / max);
+  unsigned n = (unsigned)bd_split_count(p->length, max);
   uint8_t *buf = data_buffer(r, iov, p->niov);
   if (!buf || !alloc_subs(r, n)) {
     free(r->bounce);
@@ -257,11 +257,11 @@ static void start_rw(struct vblk_req *r, const struct vblk_parsed *p,
   }
   for (unsigned i = 0; i < n; i++) {
     struct bd_req *br = &r->subs[i].br;
-    uint64_t done = (uint64_t)i * max;
+    struct bd_split piece = bd_split_piece(p->offset, p->length, max, i);
     br->cmd = p->kind == VBLK_READ ? BD_READ : BD_WRITE;
-    br->offset = p->offset + done;
-    br->length = p->length - done < max ? p->length - done : max;
-    br->buf = buf + done;
+    br->offset = piece.offset;
+    br->length = piece.length;
+    br->buf = buf + piece.skip;
   }
   submit_subs(r, n);
 }
