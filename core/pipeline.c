@@ -415,8 +415,7 @@ static int run_async(struct bd *bd, const struct bd_req *req) {
   pthread_mutex_init(&s.lock, NULL);
   pthread_cond_init(&s.cond, NULL);
   s.req.done = sync_done;
-  s.req.errmsg[0] = 0;
-  submit_checked(bd, &s.req);
+  bd_submit(bd, &s.req);
   pthread_mutex_lock(&s.lock);
   while (!s.done)
     pthread_cond_wait(&s.cond, &s.lock);
@@ -454,6 +453,8 @@ static int read_widened(struct bd *bd, struct bd_req *req) {
 }
 
 int bd_run(struct bd *bd, struct bd_req *req) {
+  if (bd->exec == BD_EXEC_ASYNC)
+    return run_async(bd, req); /* checked and aligned by bd_submit() */
   req->bd = bd;
   if (apply_cache_mode(bd, req))
     return 0;
@@ -467,15 +468,13 @@ int bd_run(struct bd *bd, struct bd_req *req) {
    * caller is a worker. */
   if (bd->aligner && !(req->flags & BD_F_ALIGNED) &&
       (req->offset | req->length) % bd->caps.min_block) {
-    if (req->cmd == BD_READ && bd->exec != BD_EXEC_ASYNC)
+    if (req->cmd == BD_READ)
       return read_widened(bd, req);
-    if (req->cmd == BD_READ || req->cmd == BD_WRITE || req->cmd == BD_ZERO)
+    if (req->cmd == BD_WRITE || req->cmd == BD_ZERO)
       return disk_run_for(bd, req);
   }
   req->flags &= ~BD_F_ALIGNED;
-  if (bd->exec != BD_EXEC_ASYNC)
-    return bd_execute(bd, req);
-  return run_async(bd, req);
+  return bd_execute(bd, req);
 }
 
 int bd_pread(struct bd *bd, void *buf, uint64_t len, uint64_t off) {
