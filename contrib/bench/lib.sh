@@ -95,3 +95,45 @@ stop_server() {
 ratio() {
   awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'
 }
+
+# callgrind_serve BIN SERVE-ARGS...: `BIN serve` on $W/s.sock under
+# valgrind's callgrind, in the background, once its socket is there (60 s
+# at most: valgrind starts slowly).  callgrind_total then stops it and
+# prints the instructions it ran.  CALLGRIND_ARGS adds options: say
+# --toggle-collect=bd_submit to count only what runs under bd_submit().
+callgrind_serve() {
+  local bin=$1 _
+  shift
+  rm -f "$W/s.sock" "$W/pid" "$W/cg.out"
+  # shellcheck disable=SC2086 # options, split on purpose
+  valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
+    ${CALLGRIND_ARGS:-} "$bin" serve -u "$W/s.sock" --pid-file "$W/pid" "$@" 2>"$W/vg.log" &
+  CALLGRIND_PID=$!
+  for _ in $(seq 600); do [ -S "$W/s.sock" ] && return 0; sleep 0.1; done
+  echo "no socket at $W/s.sock after 60 s" >&2
+  return 1
+}
+
+callgrind_total() {
+  kill -TERM "$(cat "$W/pid")"
+  wait "$CALLGRIND_PID" || true
+  sed -n 's/^summary: *//p' "$W/cg.out"
+}
+
+# instr_ab BIN-A BIN-B WHAT N FN ARGS...: instructions per request for
+# each binary, and B/A.  FN BIN ARGS... COUNT prints what the server ran
+# for COUNT requests; a run of none is taken away, leaving the requests.
+instr_ab() {
+  local bin_a=$1 bin_b=$2 what=$3 n=$4 fn=$5 side bin base full per a=
+  shift 5
+  for side in A B; do
+    bin=$bin_a
+    [ $side = B ] && bin=$bin_b
+    base=$("$fn" "$bin" "$@" 0)
+    full=$("$fn" "$bin" "$@" "$n")
+    per=$(((full - base) / n))
+    echo "$what $side: $per instructions per request ($n requests)"
+    a=${a:-$per}
+  done
+  awk -v a="$a" -v b="$per" -v w="$what" 'BEGIN { printf "%s B/A: %.4f\n", w, b / a }'
+}

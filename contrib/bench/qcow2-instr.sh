@@ -19,7 +19,6 @@ N=${3:-4000}
 source "$(dirname "$0")/lib.sh"
 bench_require valgrind qemu-img /usr/bin/python3
 bench_workdir qcow2-instr
-SOCK=$W/s.sock
 qemu-img create -q -f qcow2 "$W/alloc.master" 256M
 qemu-img create -q -f qcow2 -o preallocation=metadata "$W/inplace.master" 256M
 qemu-io -f qcow2 -c "write -P 0x5a 0 256M" "$W/inplace.master" >/dev/null
@@ -28,13 +27,8 @@ qemu-io -f qcow2 -c "write -P 0x5a 0 256M" "$W/inplace.master" >/dev/null
 writes() {
   local bin=$1 w=$2 count=$3
   cp "$W/$w.master" "$W/img.qcow2"
-  rm -f "$SOCK" "$W/pid" "$W/cg.out"
-  valgrind --tool=callgrind --callgrind-out-file="$W/cg.out" \
-    "$bin" serve --aio threads -w 4 -u "$SOCK" --pid-file "$W/pid" \
-    "$W/img.qcow2" 2>"$W/vg.log" &
-  local vg=$!
-  for _ in $(seq 600); do [ -S "$SOCK" ] && break; sleep 0.1; done
-  /usr/bin/python3 - "$SOCK" "$w" "$count" <<'EOF'
+  callgrind_serve "$bin" --aio threads -w 4 "$W/img.qcow2"
+  /usr/bin/python3 - "$W/s.sock" "$w" "$count" <<'EOF'
 import random, sys, nbd
 sock, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 h = nbd.NBD()
@@ -48,21 +42,9 @@ for i in range(n):
 h.flush()
 h.shutdown()
 EOF
-  kill -TERM "$(cat "$W/pid")"
-  wait "$vg" || true
-  sed -n 's/^summary: *//p' "$W/cg.out"
+  callgrind_total
 }
 
 for w in inplace alloc; do
-  for side in A B; do
-    bin=$A
-    [ $side = B ] && bin=$B
-    base=$(writes "$bin" $w 0)
-    full=$(writes "$bin" $w "$N")
-    per=$(((full - base) / N))
-    eval "PER_$side=$per"
-    echo "$w $side: $per instructions per request ($N requests)"
-  done
-  awk -v a="$PER_A" -v b="$PER_B" -v w=$w \
-    'BEGIN { printf "%s B/A: %.4f\n", w, b / a }'
+  instr_ab "$A" "$B" "$w" "$N" writes "$w"
 done
