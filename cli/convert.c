@@ -406,7 +406,7 @@ struct dst_opts {
 
 /* A new RBD image, as big as the source; an existing one is refused. */
 static int create_rbd_dst(const char *spec, uint64_t size) {
-  if (rbd_admin_create(spec, size, 0, BD_RBD_TIMEOUT_DEFAULT) < 0) {
+  if (rbd_admin_create(spec, size, 0, RBD_TIMEOUT_DEFAULT) < 0) {
     cli_error("convert", NULL, "%s", bd_errmsg());
     return -1;
   }

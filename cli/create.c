@@ -14,6 +14,7 @@
 #include "core/blockdev.h"
 #include "core/filelock.h"
 #include "core/open.h"
+#include "formats/formats.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/create.h"
 #include "formats/rbd-admin.h"
@@ -265,7 +266,7 @@ static int create_rbd(const struct create_args *a) {
     printf("\n");
     fflush(stdout);
   }
-  if (rbd_admin_create(a->file, a->o.size, order, BD_RBD_TIMEOUT_DEFAULT) < 0) {
+  if (rbd_admin_create(a->file, a->o.size, order, RBD_TIMEOUT_DEFAULT) < 0) {
     cli_error("create", NULL, "%s", bd_errmsg());
     return 1;
   }

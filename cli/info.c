@@ -112,7 +112,7 @@ static int read_remote(const char *uri, struct image *im) {
 
 /* An RBD image: raw, with the facts librbd gives. */
 static int read_rbd(const char *spec, struct image *im) {
-  if (rbd_admin_info(spec, BD_RBD_TIMEOUT_DEFAULT, &im->r) < 0)
+  if (rbd_admin_info(spec, RBD_TIMEOUT_DEFAULT, &im->r) < 0)
     return -1;
   im->format = "raw";
   im->remote = im->rbd = true;

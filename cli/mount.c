@@ -68,9 +68,9 @@ static const char mount_tail[] =
     "first.\n";
 
 #define MOUNT_SHARED                                                           \
-  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | CO_NBD |        \
-   CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL | CO_VIEWS |        \
-   CO_FLEECE)
+  (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | \
+   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL |          \
+   CO_VIEWS | CO_FLEECE)
 
 struct mount_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -219,7 +219,7 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
                           .direct_io = o->direct_io,
                           .partitions = !o->no_partitions,
                           .threads = o->threads,
-                          .table_retry_s = o->co.open.nbd_timeout,
+                          .table_retry_s = cli_nbd_timeout(&o->co),
                           .live = on_live,
                           .opaque = s};
   pthread_mutex_lock(&s->lock);

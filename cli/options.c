@@ -34,9 +34,9 @@ enum {
   ID_FLEECE_DIR,
   ID_FLEECE_LIMIT,
   ID_VIEWS_UNIX,
+  ID_SOURCE_OPT,
 };
 
-#define L2_CACHE_MIN (64u * 1024)
 _Static_assert(BD_POOL_MAX_WORKERS == 1024, "--workers' help names 1024");
 
 struct shared_opt {
@@ -52,6 +52,10 @@ struct shared_opt {
 static const struct shared_opt table[] = {
     {CO_FORMAT, 'f', "format", "FMT", 0, 0,
      "image format instead of probing: raw, qcow2"},
+    {CO_SOURCE_OPT, ID_SOURCE_OPT, "source-option", "KEY=VALUE", 0, 0,
+     "an option of the source's format (repeatable;\n"
+     "docs/CONFIG.md lists them): a key the format\n"
+     "does not take is refused"},
     {CO_WORKERS, 'w', "workers", "N", 1, BD_POOL_MAX_WORKERS,
      "worker threads for blocking I/O, 1-1024\n"
      "(default %u)"},
@@ -137,7 +141,8 @@ void cli_opts_init(struct cli_common *c, const char *cmd, unsigned which,
                            .which = which,
                            .open = BD_OPEN_OPTS_INIT,
                            .workers = workers};
-  c->open.plugin_debug = c->debug;
+  c->open.options = c->options;
+  c->open.defaults = c->defaults;
 }
 
 void cli_opts_tables(const struct cli_common *c, const struct option *own,
@@ -192,25 +197,57 @@ static int number(const struct cli_common *c, const struct shared_opt *t,
   return bad(c, t, arg, range);
 }
 
+/* "FORMAT.KEY=ARG" as a default of the source's options: a format flag
+ * reaches its format without the core knowing either. */
+static int add_default(struct cli_common *c, const struct shared_opt *t,
+                       const char *format, const char *key, const char *arg) {
+  size_t room = sizeof c->arena - c->arena_used;
+  char *s = c->arena + c->arena_used;
+  int n = snprintf(s, room, "%s.%s=%s", format, key, arg);
+  if (c->open.ndefaults == CLI_MAX_SOURCE_OPTS || n < 0 || (size_t)n >= room)
+    return bad(c, t, arg, "fewer source options");
+  c->arena_used += (size_t)n + 1;
+  c->defaults[c->open.ndefaults++] = s;
+  return 1;
+}
+
+/* --source-option KEY=VALUE: the form now, the key when the source
+ * opens (only its format knows its keys). */
+static int source_option(struct cli_common *c, const struct shared_opt *t,
+                         const char *arg) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg)
+    return bad(c, t, arg, "KEY=VALUE");
+  if (c->open.noptions == CLI_MAX_SOURCE_OPTS)
+    return bad(c, t, arg, "at most 64 source options");
+  c->options[c->open.noptions++] = arg;
+  return 1;
+}
+
+/* A format flag with a number in the table's range. */
+static int number_default(struct cli_common *c, const struct shared_opt *t,
+                          const char *arg, const char *format,
+                          const char *key) {
+  unsigned v;
+  int r = number(c, t, arg, &v);
+  return r < 0 ? r : add_default(c, t, format, key, arg);
+}
+
 /* -D NAME.FLAG=N: the form is checked now (by the plugin host), the name
  * when the plugin loads. */
 static int debug_flag(struct cli_common *c, const struct shared_opt *t,
                       const char *arg) {
   if (plugin_check_debug_flag(arg) < 0)
     return bad(c, t, arg, "NAME.FLAG=N");
-  if (c->open.n_plugin_debug == CLI_MAX_DEBUG_FLAGS)
-    return bad(c, t, arg, "at most 64 debug flags");
-  c->debug[c->open.n_plugin_debug++] = arg;
-  return 1;
+  return add_default(c, t, "nbdkit", "debug", arg);
 }
 
 static int l2_cache(struct cli_common *c, const struct shared_opt *t,
                     const char *arg) {
   uint64_t v;
-  if (bd_parse_size(arg, &v) < 0 || v < L2_CACHE_MIN)
+  if (bd_parse_size(arg, &v) < 0 || v < QCOW2_L2_CACHE_MIN)
     return bad(c, t, arg, "a size of at least 64K");
-  c->open.qcow2_l2_cache = v;
-  return 1;
+  return add_default(c, t, "qcow2", "l2-cache-size", arg);
 }
 
 static int cache_mode(struct cli_common *c, const struct shared_opt *t,
@@ -235,21 +272,18 @@ static int aio_mode(struct cli_common *c, const struct shared_opt *t,
 
 static int replay_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
-  if (bd_parse_size(arg, &c->open.nbd_replay_limit) < 0)
+  uint64_t v;
+  if (bd_parse_size(arg, &v) < 0)
     return bad(c, t, arg, "a size (4096, 512K, 64M, ...)");
-  return 1;
+  return add_default(c, t, "nbd", "replay-limit", arg);
 }
 
 static int rbd_lock(struct cli_common *c, const struct shared_opt *t,
                     const char *arg) {
-  static const char *const modes[] = {[BD_RBD_LOCK_FAIL] = "fail",
-                                      [BD_RBD_LOCK_WAIT] = "wait",
-                                      [BD_RBD_LOCK_NONE] = "none"};
+  static const char *const modes[] = {RBD_LOCK_MODES};
   for (unsigned i = 0; i < sizeof modes / sizeof *modes; i++)
-    if (strcmp(arg, modes[i]) == 0) {
-      c->open.rbd_lock = (enum bd_rbd_lock)i;
-      return 1;
-    }
+    if (strcmp(arg, modes[i]) == 0)
+      return add_default(c, t, "rbd", "lock", arg);
   return bad(c, t, arg, "fail, wait or none");
 }
 
@@ -284,10 +318,12 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case ID_CACHE: return cache_mode(c, t, arg);
   case ID_AIO: return aio_mode(c, t, arg);
   case ID_COPY_ON_READ: c->open.flags |= BD_OPEN_COPY_ON_READ; return 1;
-  case ID_NBD_CONNECTIONS: return number(c, t, arg, &c->open.nbd_connections);
-  case ID_NBD_TIMEOUT: return number(c, t, arg, &c->open.nbd_timeout);
+  case ID_SOURCE_OPT: return source_option(c, t, arg);
+  case ID_NBD_CONNECTIONS:
+    return number_default(c, t, arg, "nbd", "connections");
+  case ID_NBD_TIMEOUT: return number_default(c, t, arg, "nbd", "timeout");
   case ID_NBD_REPLAY_LIMIT: return replay_limit(c, t, arg);
-  case ID_RBD_TIMEOUT: return number(c, t, arg, &c->open.rbd_timeout);
+  case ID_RBD_TIMEOUT: return number_default(c, t, arg, "rbd", "timeout");
   case ID_RBD_LOCK: return rbd_lock(c, t, arg);
   case 'P': c->pid_file = arg; return 1;
   case ID_CONTROL: c->control = arg; return 1;
@@ -332,6 +368,14 @@ void cli_opts_usage(FILE *f, const struct cli_common *c) {
   for (size_t i = 0; i < NTABLE; i++)
     if (c->which & table[i].group)
       usage_line(f, &table[i], c->workers);
+}
+
+unsigned cli_nbd_timeout(const struct cli_common *c) {
+  unsigned t = NBD_TIMEOUT_DEFAULT;
+  /* A bad value fails the opening itself, which says why. */
+  if (bd_opt_uint(&c->open, "nbd", "timeout", 0, 86400, &t) < 0)
+    t = NBD_TIMEOUT_DEFAULT;
+  return t;
 }
 
 /* --fleece-dir, checked at start rather than at the first checkpoint. */

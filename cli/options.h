@@ -36,16 +36,20 @@ enum {
   /* --fleece-dir DIR, --fleece-limit SIZE: checkpoints' views */
   CO_FLEECE = 1u << 12,
   CO_VIEWS = 1u << 13, /* --views-unix PATH: views over NBD (vhost, mount) */
+  /* --source-option KEY=VALUE: an option of the source's format */
+  CO_SOURCE_OPT = 1u << 14,
 };
 
-#define CLI_MAX_DEBUG_FLAGS 64
+/* --source-option values, and the [FORMAT.]KEY=VALUE defaults the
+ * format flags (--nbd-timeout, -D, ...) become, each. */
+#define CLI_MAX_SOURCE_OPTS 64
 #define CLI_MAX_LONGOPTS 64
 
 /* What the shared options say, once parsed. */
 struct cli_common {
   const char *cmd; /* "serve", for messages */
   unsigned which;  /* the CO_* groups the command takes */
-  /* Format, L2 cache, NBD and -D, for bd_open_with(). */
+  /* Format, flags, cache and the options, for bd_open_with(). */
   struct bd_open_opts open;
   unsigned workers; /* the command's default until -w */
   const char *plugin;
@@ -53,7 +57,12 @@ struct cli_common {
   const char *control;    /* --control: the control socket, or NULL */
   struct ckpt_opts ckpt;  /* --fleece-dir, --fleece-limit */
   const char *views_unix; /* --views-unix: views' NBD socket, or NULL */
-  const char *debug[CLI_MAX_DEBUG_FLAGS]; /* -D, pointed to by open */
+  /* What open.options and open.defaults point to: --source-option's
+   * arguments, and "FORMAT.KEY=VALUE" strings built in ARENA. */
+  const char *options[CLI_MAX_SOURCE_OPTS];
+  const char *defaults[CLI_MAX_SOURCE_OPTS];
+  char arena[8192];
+  size_t arena_used;
 };
 
 /* Start C for command CMD taking the groups WHICH, with WORKERS worker
@@ -83,6 +92,9 @@ int cli_getopt(int argc, char **argv, struct cli_common *c,
  * --fleece-* options need it); the fleece directory must be a writable
  * directory.  0, or -1 (said on stderr). */
 int cli_ckpt_check(const struct cli_common *c);
+/* The time-out of an NBD source C opens, in seconds, for the callers that
+ * wait on one (the mount's partition-table retries). */
+unsigned cli_nbd_timeout(const struct cli_common *c);
 /* The --help lines of the shared options C takes. */
 void cli_opts_usage(FILE *f, const struct cli_common *c);
 

@@ -112,8 +112,9 @@ static const char serve_tail[] =
     "READY=1 once clients can connect and STOPPING=1 when shutting down.\n";
 
 #define SERVE_SHARED                                                           \
-  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL | CO_FLEECE)
+  (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO |    \
+   CO_L2_CACHE | CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL |         \
+   CO_FLEECE)
 
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */

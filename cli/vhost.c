@@ -56,9 +56,9 @@ static const char vhost_tail[] =
     "SIGTERM or SIGINT: finish the requests in flight, flush, exit 0.\n";
 
 #define VHOST_SHARED                                                           \
-  (CO_FORMAT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO | CO_L2_CACHE |      \
-   CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL |          \
-   CO_VIEWS | CO_FLEECE)
+  (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO |    \
+   CO_L2_CACHE | CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE |         \
+   CO_CONTROL | CO_VIEWS | CO_FLEECE)
 
 struct vhost_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "disk.h"
+#include "format-table.h"
 #include "io.h"
 #include "pipeline.h"
 
@@ -159,75 +160,7 @@ struct bd_caps bd_caps_full(void) {
                           .max_block = BD_MAX_IO};
 }
 
-/* ---- opening, through the installed formats ---- */
-
-static const struct bd_format *const *formats;
-
-void bd_formats_install(const struct bd_format *const *table) {
-  formats = table;
-}
-
-static const struct bd_format *format_matching(const char *spec) {
-  for (const struct bd_format *const *f = formats; f && *f; f++)
-    if ((*f)->matches && (*f)->matches(spec))
-      return *f;
-  return NULL;
-}
-
-bool bd_spec_is_backing_source(const char *spec) {
-  const struct bd_format *f = format_matching(spec);
-  return f && f->backing;
-}
-
-static const struct bd_format *format_probing(void) {
-  for (const struct bd_format *const *f = formats; f && *f; f++)
-    if ((*f)->probe)
-      return *f;
-  return NULL;
-}
-
-static const struct bd_format *format_named(const char *name) {
-  for (const struct bd_format *const *f = formats; *f; f++)
-    if (!strcmp((*f)->name, name))
-      return *f;
-  return NULL;
-}
-
-const char *bd_probe_format(const char *path) {
-  const struct bd_format *p = format_probing();
-  const char *fmt = NULL;
-  int r = p ? p->probe(path, &fmt) : -ENOTSUP;
-  return (r == 0 || r == -ENOTSUP) && fmt ? fmt : "raw";
-}
-
-/* The entry that opens SPEC: the first whose matcher accepts it, else
- * the one named by O->format or found by the probe (which then adds
- * BD_OPEN_PROBED to O->flags). */
-static const struct bd_format *format_of(const char *spec,
-                                         struct bd_open_opts *o) {
-  const struct bd_format *m = format_matching(spec);
-  if (m)
-    return m;
-  const char *name = o->format;
-  if (!name) {
-    const struct bd_format *p = format_probing();
-    if (!p) {
-      bd_set_error("%s: no format given, and none can probe it", spec);
-      return NULL;
-    }
-    if (p->probe(spec, &name) < 0)
-      return NULL;
-    o->flags |= BD_OPEN_PROBED;
-  }
-  const struct bd_format *f = format_named(name);
-  if (f && !f->matches)
-    return f;
-  if (f && f->usage)
-    bd_set_error("format '%s' takes %s", name, f->usage);
-  else
-    bd_set_error("unknown format '%s'", name);
-  return NULL;
-}
+/* ---- opening, through the installed formats (format-table.c) ---- */
 
 /* A source that takes aligned requests only gets the core's aligner. */
 static int start_aligner(struct bd *bd) {
@@ -286,7 +219,7 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
   if (opts.flags & BD_OPEN_SHARE)
     opts.flags |= BD_OPEN_READONLY;
   bd_clear_error();
-  if (!formats) {
+  if (!bd_formats_installed()) {
     bd_set_error("%s: no formats installed (bd_formats_install)", spec);
     return NULL;
   }
@@ -295,7 +228,9 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o) {
                  BD_MAX_CONTEXTS);
     return NULL;
   }
-  const struct bd_format *f = format_of(spec, &opts);
+  const struct bd_format *f = bd_format_for(spec, &opts);
+  if (f && bd_opt_check(&opts, f) < 0)
+    f = NULL;
   struct bd *bd = f ? f->open(spec, &opts) : NULL;
   if (bd && !offers_contexts(spec, bd, &opts)) {
     char why[512]; /* bd_close() may set another message */

@@ -17,9 +17,9 @@
 #include "blockdev.h"
 
 /* The format of the image at PATH by its content, as the installed
- * formats' probe finds it: "qcow2", "raw", or the name of a format
- * blockport does not support.  "raw" when the file cannot be read
- * (opening it then reports why) or no probe is installed. */
+ * formats' probe finds it, or the name of a format blockport does not
+ * support.  When the file cannot be read (opening it then reports why) or
+ * nothing probes: the entry marked probe_fallback, NULL without one. */
 const char *bd_probe_format(const char *path);
 
 /* How bd_open_flags() opens a source. */
@@ -45,6 +45,10 @@ enum {
    * convert's source (qemu-img convert), which wants both. */
   BD_OPEN_UNSHARE_RESIZE = 1u << 4,
   BD_OPEN_UNSHARE_WRITE = 1u << 5,
+  /* The options are another opening's (an image's, given to its backing
+   * file): keys the opened format does not know are ignored, as
+   * defaults are. */
+  BD_OPEN_LENIENT_OPTIONS = 1u << 6,
 };
 
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or
@@ -57,54 +61,33 @@ struct bd *bd_open_flags(const char *spec, const char *format, unsigned flags);
 struct bd *bd_open(const char *spec, const char *format, bool readonly);
 
 /* Everything a command line or a config file can say about how to open a
- * source.  Start from BD_OPEN_OPTS_INIT; unset fields keep the defaults. */
+ * source.  Start from BD_OPEN_OPTS_INIT; unset fields keep the defaults.
+ * The core knows no format: what only one format takes travels as
+ * KEY=VALUE strings that the format parses itself (bd_opt_*() below). */
 struct bd_open_opts {
-  const char *format; /* NULL: probe a file's content */
-  unsigned flags;     /* BD_OPEN_* */
-  /* L2 cache of a qcow2 image, bytes; 0: the default (32 MiB). */
-  uint64_t qcow2_l2_cache;
+  const char *format;  /* NULL: probe a file's content */
+  unsigned flags;      /* BD_OPEN_* */
   enum bd_cache cache; /* see enum bd_cache; 0: writeback */
   enum bd_aio aio;     /* how local files are read and written */
-  /* Connections of an NBD source: 0 means 4 when the server advertises
-   * multi-conn, otherwise 1 (at most 16). */
-  unsigned nbd_connections;
-  /* Seconds a request to an NBD source may wait for a lost server before
-   * failing with EIO; 0 waits forever. */
-  unsigned nbd_timeout;
-  /* Bytes of acknowledged writes (and trims, zeroes) an NBD source keeps
-   * until a flush covers them, to send them again to a server that
-   * restarted (formats/nbd.c); 0 keeps none. */
-  uint64_t nbd_replay_limit;
-  /* Seconds an RBD source's cluster operations (monitor, OSD) may take
-   * before failing with EIO; 0 waits forever. */
-  unsigned rbd_timeout;
-  /* What opening an RBD image for writing does when another client holds
-   * its exclusive lock: fail, wait for it, or take no lock at all (as
-   * QEMU: writers then pass the lock back and forth). */
-  enum bd_rbd_lock {
-    BD_RBD_LOCK_FAIL,
-    BD_RBD_LOCK_WAIT,
-    BD_RBD_LOCK_NONE
-  } rbd_lock;
-  /* -D NAME.FLAG=N settings for an nbdkit plugin; the strings must outlive
-   * the source. */
-  const char *const *plugin_debug;
-  size_t n_plugin_debug;
+  /* KEY=VALUE options for the format that opens the source: a key it does
+   * not know (struct bd_format option_keys) fails the opening with a
+   * message naming the format.  Needed only while bd_open_with() runs. */
+  const char *const *options;
+  size_t noptions;
+  /* [FORMAT.]KEY=VALUE defaults: each applies where the opened format
+   * knows KEY (and is FORMAT, when given); the others are ignored.  How
+   * flags such as --nbd-timeout reach a source without the core knowing
+   * them.  OPTIONS win over them. */
+  const char *const *defaults;
+  size_t ndefaults;
   /* Named block-status contexts the source must offer (at most
    * BD_MAX_CONTEXTS; see BD_CTX_BITMAP_PREFIX).  Not passed on to a
    * backing file. */
   const char *const *contexts;
   size_t ncontexts;
 };
-#define BD_NBD_TIMEOUT_DEFAULT 30
-#define BD_NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
-#define BD_RBD_TIMEOUT_DEFAULT 30
 #define BD_OPEN_OPTS_INIT                                                      \
-  {                                                                            \
-    .nbd_timeout = BD_NBD_TIMEOUT_DEFAULT,                                     \
-    .nbd_replay_limit = BD_NBD_REPLAY_LIMIT_DEFAULT,                           \
-    .rbd_timeout = BD_RBD_TIMEOUT_DEFAULT                                      \
-  }
+  { .format = NULL }
 /* Opens SPEC as O says (O NULL: the defaults), through the installed
  * formats (below).  NULL with a message in bd_errmsg(). */
 struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);
@@ -116,6 +99,11 @@ struct bd *bd_open_with(const char *spec, const struct bd_open_opts *o);
  * O->format, or the one the probe finds in the file. */
 struct bd_format {
   const char *name; /* what --format names it */
+  /* The KEYs of the KEY=VALUE options it takes (bd_open_opts options),
+   * NULL-terminated; NULL: none. */
+  const char *const *option_keys;
+  /* What bd_probe_format() names when the probe cannot read the file. */
+  bool probe_fallback;
   /* Sources a spec names by itself (null:SIZE, nbd://..., a plugin):
    * whether SPEC is one.  Such a spec opens with this entry whatever
    * --format says.  NULL for image file formats. */
@@ -147,5 +135,36 @@ void bd_formats_install(const struct bd_format *const *table);
  * than a file: the installed entry whose matcher accepts it allows that
  * (struct bd_format's backing: an NBD URI). */
 bool bd_spec_is_backing_source(const char *spec);
+/* The installed image file formats' names (those --format may name),
+ * ", "-separated, in BUF; "" without a table. */
+const char *bd_format_names(char *buf, size_t len);
+
+/* ---- options, as a format reads them (core/open-options.c) ----
+ *
+ * FORMAT is the reading format's name, KEY one of its option_keys.  The
+ * value of KEY is the last one O gives: its options first, then the
+ * defaults that apply to FORMAT. */
+
+/* Each value of KEY for FORMAT in turn, defaults then options: start with
+ * *POS = 0; NULL after the last. */
+const char *bd_opt_next(const struct bd_open_opts *o, const char *format,
+                        const char *key, size_t *pos);
+/* The value of KEY, NULL when O gives none. */
+const char *bd_opt_get(const struct bd_open_opts *o, const char *format,
+                       const char *key);
+/* The value of KEY as a number in MIN-MAX, a size of at least MIN
+ * (bd_parse_size()), or the index of one of CHOICES (NULL-terminated),
+ * in *OUT: 0 (*OUT untouched when O gives no value), or -EINVAL with
+ * "FORMAT: KEY=VALUE: expected ..." in bd_errmsg(). */
+int bd_opt_uint(const struct bd_open_opts *o, const char *format,
+                const char *key, unsigned min, unsigned max, unsigned *out);
+int bd_opt_size(const struct bd_open_opts *o, const char *format,
+                const char *key, uint64_t min, uint64_t *out);
+int bd_opt_choice(const struct bd_open_opts *o, const char *format,
+                  const char *key, const char *const *choices, unsigned *out);
+/* Whether every option of O is KEY=VALUE with a KEY that F takes: 0, or
+ * -EINVAL with "FORMAT: unknown option 'KEY' (known: ...)" in bd_errmsg().
+ * bd_open_with() checks this before F opens anything. */
+int bd_opt_check(const struct bd_open_opts *o, const struct bd_format *f);
 
 #endif

@@ -19,10 +19,18 @@ bool null_is_spec(const char *spec);
 struct bd *null_open(const char *spec, const struct bd_open_opts *o);
 bool memory_is_spec(const char *spec);
 struct bd *memory_open(const char *spec, const struct bd_open_opts *o);
-/* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd;
- * O->nbd_connections and O->nbd_timeout as core/blockdev.h says.  More
- * connections than one on a server without multi-conn are refused with a
- * warning, using one. */
+/* nbd://, nbd+unix://, nbds:// and nbds+unix:// URIs, through libnbd.
+ * Options (NBD_OPTION_KEYS): connections=N (0-16; 0, the default: 4 when
+ * the server advertises multi-conn, else 1; more than one on a server
+ * without multi-conn is refused with a warning, using one), timeout=S
+ * (seconds a request may wait for a lost server before failing with EIO;
+ * 0 waits forever), replay-limit=SIZE (acknowledged writes kept until a
+ * flush covers them, sent again to a server that restarted; 0 keeps
+ * none). */
+#define NBD_OPTION_KEYS "connections", "timeout", "replay-limit"
+#define NBD_CONNECTIONS_MAX 16
+#define NBD_TIMEOUT_DEFAULT 30
+#define NBD_REPLAY_LIMIT_DEFAULT (64ull << 20)
 bool nbdsrc_is_uri(const char *spec);
 struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o);
 /* nbdkit plugins (formats/plugin.c).  A plugin's spec is built by
@@ -33,22 +41,30 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o);
 #define PLUGIN_SPEC_SEP '\x1f'
 char *plugin_spec(const char *plugin, char *const *params, int n);
 bool plugin_is_spec(const char *spec);
-/* O->plugin_debug: -D NAME.FLAG=N, each setting the plugin's global int
- * NAME_debug_FLAG when it loads. */
+/* Options: debug=NAME.FLAG=N (repeatable, as nbdkit's -D), each setting
+ * the plugin's global int NAME_debug_FLAG when it loads. */
+#define PLUGIN_OPTION_KEYS "debug"
 struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o);
 /* Whether ARG is a -D NAME.FLAG=N setting: 0, or -EINVAL with a message in
  * bd_errmsg(); for command lines to refuse a bad one at once. */
 int plugin_check_debug_flag(const char *arg);
-/* O->qcow2_l2_cache: per image of the chain; 0: QCOW2_L2_CACHE_DEFAULT. */
 /* Ceph RBD images, rbd:POOL/IMAGE[@SNAP][:KEY=VALUE]... (rbd-spec.h),
- * through librbd; O->rbd_timeout and O->rbd_lock as core/blockdev.h
- * says. */
+ * through librbd.  Options: timeout=S (seconds a cluster operation may
+ * take before failing with EIO; 0 waits forever), lock=MODE (what opening
+ * for writing does when another client holds the exclusive lock: fail,
+ * wait for it, or none: take no lock, as QEMU; RBD_LOCK_MODES). */
+#define RBD_OPTION_KEYS "timeout", "lock"
+#define RBD_TIMEOUT_DEFAULT 30
+#define RBD_LOCK_MODES "fail", "wait", "none"
 struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o);
 struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
 /* The filters O asks for over BD, an opened qcow2 image: copy-on-read
  * (formats/qcow2/copy-on-read.c). */
 struct bd *qcow2_filters(struct bd *bd, const struct bd_open_opts *o);
-/* 32 MiB maps 256 GiB of 64 KiB clusters. */
+/* Options: l2-cache-size=SIZE, the L2 cache of each image of the chain,
+ * at least QCOW2_L2_CACHE_MIN; 32 MiB maps 256 GiB of 64 KiB clusters. */
+#define QCOW2_OPTION_KEYS "l2-cache-size"
 #define QCOW2_L2_CACHE_DEFAULT (32u * 1024 * 1024)
+#define QCOW2_L2_CACHE_MIN (64u * 1024)
 
 #endif

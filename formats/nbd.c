@@ -18,7 +18,7 @@
  * Loss.  When a connection dies, its commands complete with ENOTCONN and
  * are sent again once a connection is up (block status only when nothing
  * was reported yet).  While no connection is up, requests wait; one whose
- * source's timeout (bd_open_opts.nbd_timeout) has passed since its
+ * source's timeout (the timeout option) has passed since its
  * submission fails with EIO, after at least one reconnection attempt
  * (GRACE_MS) once lost; once one has failed so in an outage, a new
  * request gets only that one attempt.  A connection with requests in
@@ -49,7 +49,7 @@
  * connection goes to the same server, so a loss of one is taken as the
  * server's restart; replaying into a server that kept everything rewrites
  * the same bytes in the same order, harmless.  The log is bounded
- * (bd_open_opts.nbd_replay_limit); only when acknowledgements had to be
+ * (the replay-limit option); only when acknowledgements had to be
  * dropped for the bound and a loss came before a flush covered them does
  * the next flush fail with EIO, saying how many bytes were past the
  * bound.  A server that comes back with another size or other export
@@ -1494,7 +1494,7 @@ static void set_caps(struct bd *bd, struct nbddev *d, struct nbd_handle *h,
   c->max_block = max > 0 && max < BD_MAX_IO ? (uint32_t)max : BD_MAX_IO;
 }
 
-/* How many connections: WANT as bd_open_opts.nbd_connections says. */
+/* How many connections: WANT as the connections option says. */
 static unsigned conn_count(struct nbddev *d, struct nbd_handle *h,
                            unsigned want) {
   bool multi = nbd_can_multi_conn(h) == 1;
@@ -1649,9 +1649,29 @@ static void connect_rest(struct nbddev *d) {
   }
 }
 
+/* The options (formats.h), at their defaults where O gives none. */
+struct nbd_opts {
+  unsigned connections, timeout;
+  uint64_t replay_limit;
+};
+
+static int parse_opts(const struct bd_open_opts *o, struct nbd_opts *n) {
+  *n = (struct nbd_opts){.timeout = NBD_TIMEOUT_DEFAULT,
+                         .replay_limit = NBD_REPLAY_LIMIT_DEFAULT};
+  if (bd_opt_uint(o, "nbd", "connections", 0, NBD_CONNECTIONS_MAX,
+                  &n->connections) < 0 ||
+      bd_opt_uint(o, "nbd", "timeout", 0, 86400, &n->timeout) < 0 ||
+      bd_opt_size(o, "nbd", "replay-limit", 0, &n->replay_limit) < 0)
+    return -EINVAL;
+  return 0;
+}
+
 struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
   bool readonly = o->flags & BD_OPEN_READONLY;
-  struct nbddev *d = new_dev(uri, o->nbd_timeout, o->nbd_replay_limit);
+  struct nbd_opts no;
+  if (parse_opts(o, &no) < 0)
+    return NULL;
+  struct nbddev *d = new_dev(uri, no.timeout, no.replay_limit);
   struct bd *bd = NULL;
   if (!d || copy_contexts(d, o) < 0) {
     bd_set_error("nbd %s: cannot set up: out of memory", uri);
@@ -1672,7 +1692,7 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
     }
   set_caps(bd, d, d->conns[0].h, readonly);
   bd->caps.transient_eio = true; /* lost connections come back */
-  d->nconns = conn_count(d, d->conns[0].h, o->nbd_connections);
+  d->nconns = conn_count(d, d->conns[0].h, no.connections);
   connect_rest(d);
   if (pthread_create(&d->thread, NULL, event_loop, d) != 0) {
     bd_set_error("nbd %s: cannot start its event thread", uri);

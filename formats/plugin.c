@@ -852,9 +852,9 @@ static int step(struct plugin *pl, int (*fn)(void), const char *what) {
 
 static int configure(struct plugin *pl, char **params, size_t n,
                      const struct bd_open_opts *o) {
-  for (size_t i = 0; i < o->n_plugin_debug; i++)
-    if (plugin_check_debug_flag(o->plugin_debug[i]) < 0 ||
-        apply_debug_flag(pl, o->plugin_debug[i]) < 0)
+  size_t pos = 0;
+  for (const char *f; (f = bd_opt_next(o, "nbdkit", "debug", &pos));)
+    if (plugin_check_debug_flag(f) < 0 || apply_debug_flag(pl, f) < 0)
       return -EINVAL;
   if (pl->p.load)
     pl->p.load();

@@ -16,7 +16,7 @@
  *
  * A writable open takes the image's exclusive lock explicitly, which
  * (unlike librbd's automatic locking) refuses to hand it to another
- * client: a second writer fails or waits (struct bd_open_opts rbd_lock)
+ * client: a second writer fails or waits (the lock option, formats.h)
  * instead of taking turns.  Snapshots open read-only. */
 #include <errno.h>
 #include <pthread.h>
@@ -322,6 +322,10 @@ static const struct bd_ops rbd_ops = {
     .resize = rbd_resize_dev,
 };
 
+/* The lock option, in the order of RBD_LOCK_MODES. */
+enum lock_mode { LOCK_FAIL, LOCK_WAIT, LOCK_NONE };
+static const char *const lock_modes[] = {RBD_LOCK_MODES, NULL};
+
 /* The address of the lock's owner as librbd names it, or "an unknown
  * address" when it cannot say. */
 static void lock_owner(rbd_image_t img, char *buf, size_t len) {
@@ -343,7 +347,7 @@ static void sleep_ms(long ms) {
 
 /* Takes the exclusive lock so that no other client writes while this one
  * may; with WAIT, until the holder lets it go. */
-static int take_lock(struct rbd_dev *d, enum bd_rbd_lock mode) {
+static int take_lock(struct rbd_dev *d, enum lock_mode mode) {
   uint64_t features = 0;
   rbd_get_features(d->img, &features);
   if (!(features & RBD_FEATURE_EXCLUSIVE_LOCK)) {
@@ -365,7 +369,7 @@ static int take_lock(struct rbd_dev *d, enum bd_rbd_lock mode) {
     }
     char owner[128];
     lock_owner(d->img, owner, sizeof owner);
-    if (mode != BD_RBD_LOCK_WAIT) {
+    if (mode != LOCK_WAIT) {
       bd_set_error(
           "rbd %s: the image is in use: the client at %s holds its exclusive "
           "lock (--rbd-lock wait waits for it)",
@@ -381,7 +385,7 @@ static int take_lock(struct rbd_dev *d, enum bd_rbd_lock mode) {
 }
 
 static int open_image(struct rbd_dev *d, const struct rbd_spec *s,
-                      bool readonly, enum bd_rbd_lock lock) {
+                      bool readonly, enum lock_mode lock) {
   int r = readonly ? rbd_open_read_only(d->c.io, s->image, &d->img, s->snap)
                    : rbd_open(d->c.io, s->image, &d->img, NULL);
   if (r < 0) {
@@ -392,7 +396,7 @@ static int open_image(struct rbd_dev *d, const struct rbd_spec *s,
                      : strerror(-r));
     return r;
   }
-  if (!readonly && lock != BD_RBD_LOCK_NONE && (r = take_lock(d, lock)) < 0)
+  if (!readonly && lock != LOCK_NONE && (r = take_lock(d, lock)) < 0)
     return r;
   uint64_t features = 0, flags = 0;
   rbd_get_features(d->img, &features);
@@ -454,9 +458,12 @@ struct bd *rbd_source_open(const char *spec, const struct bd_open_opts *o) {
   bool readonly = (o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)) || s.snap;
   if (s.snap && !(o->flags & (BD_OPEN_READONLY | BD_OPEN_SHARE)))
     log_info("rbd %s: a snapshot: read-only", d->name);
-  if (rbd_cluster_connect(&s, o->rbd_timeout, bd_cache_direct(o->cache),
-                          d->name, &d->c) < 0 ||
-      open_image(d, &s, readonly, o->rbd_lock) < 0 ||
+  unsigned timeout = RBD_TIMEOUT_DEFAULT, lock = LOCK_FAIL;
+  if (bd_opt_uint(o, "rbd", "timeout", 0, 86400, &timeout) < 0 ||
+      bd_opt_choice(o, "rbd", "lock", lock_modes, &lock) < 0 ||
+      rbd_cluster_connect(&s, timeout, bd_cache_direct(o->cache), d->name,
+                          &d->c) < 0 ||
+      open_image(d, &s, readonly, (enum lock_mode)lock) < 0 ||
       !(bd = wrap(d, readonly))) {
     free_dev(d);
     goto out;

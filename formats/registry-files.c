@@ -26,11 +26,13 @@ int formats_probe(const char *path, const char **format) {
 const struct bd_format formats_raw = {
     .name = "raw",
     .probe = formats_probe,
+    .probe_fallback = true,
     .open = raw_open,
 };
 
 const struct bd_format formats_qcow2 = {
     .name = "qcow2",
+    .option_keys = (const char *const[]){QCOW2_OPTION_KEYS, NULL},
     .open = qcow2_open,
     .filter = qcow2_filters,
 };

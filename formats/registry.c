@@ -25,6 +25,7 @@ static const struct bd_format memory_format = {
 static const struct bd_format nbd_format = {
     .name = "nbd",
     .matches = nbdsrc_is_uri,
+    .option_keys = (const char *const[]){NBD_OPTION_KEYS, NULL},
     .open = nbdsrc_open,
     .backing = true,
 };
@@ -34,6 +35,7 @@ static const struct bd_format nbd_format = {
 static const struct bd_format rbd_format = {
     .name = "rbd",
     .matches = rbd_spec_matches,
+    .option_keys = (const char *const[]){RBD_OPTION_KEYS, NULL},
     .usage = "an RBD image: use rbd:POOL/IMAGE[@SNAP]",
     .open = rbd_source_open,
 };
@@ -41,6 +43,7 @@ static const struct bd_format rbd_format = {
 static const struct bd_format plugin_format = {
     .name = "nbdkit",
     .matches = plugin_is_spec,
+    .option_keys = (const char *const[]){PLUGIN_OPTION_KEYS, NULL},
     .open = plugin_source_open,
 };
 

@@ -27,12 +27,13 @@ enum key {
   K_CACHE,
   K_AIO,
   K_BITMAP,
+  K_OPTION,
   NKEYS
 };
 
 static const char *const key_names[NKEYS] = {
-    "path",  "format",  "description", "read-only", "require-tls",
-    "allow", "default", "cache",       "aio",       "bitmap"};
+    "path",    "format", "description", "read-only", "require-tls", "allow",
+    "default", "cache",  "aio",         "bitmap",    "option"};
 
 /* Names an operator may reach for, and the key they mean. */
 static const struct {
@@ -388,9 +389,11 @@ static int set_path(struct parser *p, struct export_conf *e, char **v) {
   return e->path ? 0 : oom(p);
 }
 
+/* Any name: the file names no format, opening the export asks the
+ * installed format table (which says "unknown format" and lists them). */
 static int set_format(struct parser *p, struct export_conf *e, char **v) {
-  if (strcmp(*v, "raw") != 0 && strcmp(*v, "qcow2") != 0)
-    return fail(p, p->line, "format: '%s' is not raw or qcow2%s",
+  if (!**v || strpbrk(*v, " \t#;"))
+    return fail(p, p->line, "format: '%s' is not a format name%s",
                 show(str_span(*v)).s, comment_hint(*v));
   e->format = *v;
   *v = NULL;
@@ -471,6 +474,24 @@ static int set_bitmap(struct parser *p, struct export_conf *e, char **v) {
   return 0;
 }
 
+/* option = KEY=VALUE: one more option of the source's format
+ * (repeatable), whose keys only the format knows. */
+static int set_option(struct parser *p, struct export_conf *e, char **v) {
+  const char *eq = strchr(*v, '=');
+  if (!eq || eq == *v)
+    return fail(p, p->line, "option: '%s' is not KEY=VALUE%s",
+                show(str_span(*v)).s, comment_hint(*v));
+  if (e->noptions >= CONFIG_MAX_OPTIONS)
+    return fail(p, p->line, "more than %u options", CONFIG_MAX_OPTIONS);
+  char **o = realloc(e->options, (e->noptions + 1) * sizeof *o);
+  if (!o)
+    return oom(p);
+  e->options = o;
+  o[e->noptions++] = *v;
+  *v = NULL;
+  return 0;
+}
+
 /* One entry of an allow list, NUL-terminated and trimmed. */
 static int add_rule(struct parser *p, struct export_conf *e, const char *item) {
   char why[160];
@@ -523,7 +544,8 @@ static setter *const setters[NKEYS] = {[K_PATH] = set_path,
                                        [K_DEFAULT] = set_default,
                                        [K_CACHE] = set_cache,
                                        [K_AIO] = set_aio,
-                                       [K_BITMAP] = set_bitmap};
+                                       [K_BITMAP] = set_bitmap,
+                                       [K_OPTION] = set_option};
 
 /* Edit distance between A and B, both at most 32 bytes. */
 static size_t distance(const char *a, const char *b) {
@@ -609,7 +631,7 @@ static int parse_key(struct parser *p, struct span l) {
     k++;
   if (k == NKEYS)
     return unknown_key(p, key);
-  if (k != K_ALLOW && k != K_BITMAP && p->key_line[k])
+  if (k != K_ALLOW && k != K_BITMAP && k != K_OPTION && p->key_line[k])
     return fail(p, p->line, "'%s' given twice (first at line %u)", key_names[k],
                 p->key_line[k]);
   p->key_line[k] = p->line;
@@ -722,6 +744,9 @@ void config_export_free(struct export_conf *e) {
   for (size_t i = 0; i < e->nbitmaps; i++)
     free(e->bitmaps[i]);
   free(e->bitmaps);
+  for (size_t i = 0; i < e->noptions; i++)
+    free(e->options[i]);
+  free(e->options);
   memset(e, 0, sizeof *e);
 }
 
@@ -752,6 +777,11 @@ int config_export_copy(struct export_conf *dst, const struct export_conf *src) {
     failed = true, dst->nbitmaps = 0;
   for (size_t i = 0; dst->bitmaps && i < src->nbitmaps; i++)
     dst->bitmaps[i] = dup_or_null(src->bitmaps[i], &failed);
+  dst->options = src->noptions ? calloc(src->noptions, sizeof(char *)) : NULL;
+  if (src->noptions && !dst->options)
+    failed = true, dst->noptions = 0;
+  for (size_t i = 0; dst->options && i < src->noptions; i++)
+    dst->options[i] = dup_or_null(src->options[i], &failed);
   if (src->nallow) {
     dst->allow = malloc(src->nallow * sizeof *src->allow);
     if (dst->allow)

@@ -16,13 +16,14 @@
 #define CONFIG_MAX_FILE (1u << 20)  /* bytes config_load reads */
 #define CONFIG_MAX_BITMAPS 16       /* bitmaps per export (HS_MAX_EXTRA) */
 #define CONFIG_MAX_BITMAP_NAME 1023 /* bytes (qcow2's limit) */
+#define CONFIG_MAX_OPTIONS 64       /* option lines per export */
 
 /* One export as the config file (or the command line) declares it. */
 struct export_conf {
   char *name;        /* never NULL; "" only from the command line */
   char *path;        /* image spec; a relative file path already resolved
                       * against the config file's directory */
-  char *format;      /* NULL: probe */
+  char *format;      /* NULL: probe; any name: the format table judges */
   char *description; /* NULL: none given */
   bool readonly;
   bool tls_required;
@@ -35,6 +36,10 @@ struct export_conf {
   size_t nallow;
   char **bitmaps; /* persistent bitmaps exported (qemu:dirty-bitmap:NAME) */
   size_t nbitmaps;
+  /* option = KEY=VALUE lines, in order: the source's format judges the
+   * keys when it opens (struct bd_open_opts options). */
+  char **options;
+  size_t noptions;
   unsigned line; /* line of its [export] header, for messages */
 };
 

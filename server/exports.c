@@ -41,6 +41,32 @@ static char *device_key(const char *name, const char *spec) {
   return r < 0 ? NULL : k;
 }
 
+/* C's option lines, '\n'-joined (an option value holds no newline), to
+ * tell whether a device was opened with them; NULL when it has none or
+ * out of memory (*OOM set). */
+static char *joined_options(const struct export_conf *c, bool *oom) {
+  size_t n = 0;
+  for (size_t i = 0; i < c->noptions; i++)
+    n += strlen(c->options[i]) + 1;
+  char *s = n ? malloc(n) : NULL, *p = s;
+  *oom = n && !s;
+  for (size_t i = 0; s && i < c->noptions; i++) {
+    size_t l = strlen(c->options[i]);
+    memcpy(p, c->options[i], l);
+    p[l] = i + 1 < c->noptions ? '\n' : '\0';
+    p += l + 1;
+  }
+  return s;
+}
+
+static bool same_options(const struct device *d, const struct export_conf *c) {
+  bool oom;
+  char *j = joined_options(c, &oom);
+  bool same = !oom && !strcmp(d->options ? d->options : "", j ? j : "");
+  free(j);
+  return same;
+}
+
 static struct device *device_find(struct server *srv, const char *key) {
   for (struct device *d = srv->devices; d; d = d->next)
     if (!strcmp(d->key, key))
@@ -71,6 +97,7 @@ static int device_put(struct server *srv, struct device *d) {
   struct device *base = d->base;
   free(d->key);
   free(d->spec);
+  free(d->options);
   free(d);
   /* A view's image stays open until the view is closed. */
   if (base && device_put(srv, base) < 0)
@@ -206,9 +233,9 @@ static int reuse_device(struct build *b, const struct export_conf *c,
                     : b->open  ? b->open->aio
                                : BD_AIO_DEFAULT;
   /* Another format, cache or I/O mode is another opening of the image. */
-  bool other_fmt =
-      d && ((fmt && strcmp(fmt, d->bd->format)) || mode != d->bd->cache ||
-            aio != d->bd->aio || !offers_bitmaps(d->bd, c));
+  bool other_fmt = d && ((fmt && strcmp(fmt, d->bd->format)) ||
+                         mode != d->bd->cache || aio != d->bd->aio ||
+                         !offers_bitmaps(d->bd, c) || !same_options(d, c));
   bool need_rw = d && rw && d->bd->caps.readonly;
   bool busy = d && d->conns > 0;
   bool downgrade = d && !rw && !d->bd->caps.readonly && !busy;
@@ -229,6 +256,23 @@ static int reuse_device(struct build *b, const struct export_conf *c,
                 "made writable once they disconnect",
                 c->path);
   return 0;
+}
+
+/* The options C's source opens with: the command line's (O's) then C's
+ * own, which win; O points to the result, to be freed after the
+ * opening.  NULL when out of memory. */
+static const char **merged_options(struct bd_open_opts *o,
+                                   const struct export_conf *c) {
+  const char **v = malloc((o->noptions + c->noptions) * sizeof *v);
+  if (!v)
+    return NULL;
+  for (size_t i = 0; i < o->noptions; i++)
+    v[i] = o->options[i];
+  for (size_t i = 0; i < c->noptions; i++)
+    v[o->noptions + i] = c->options[i];
+  o->options = v;
+  o->noptions += c->noptions;
+  return v;
 }
 
 /* OLD's image is opened again: drop its locks, which would refuse the
@@ -295,7 +339,19 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   }
   oo.contexts = (const char *const *)ctx;
   oo.ncontexts = (size_t)nctx;
+  const char **opts = NULL;
+  bool oom = c->noptions && !(opts = merged_options(&oo, c));
+  if (!oom)
+    d->options = joined_options(c, &oom);
+  if (oom) {
+    free(opts);
+    free_strv(ctx);
+    free(d->options);
+    free(d);
+    return fail(b, c, "out of memory");
+  }
   d->bd = bd_open_with(c->path, &oo);
+  free(opts);
   free_strv(ctx);
   if (d->bd && rw && b->srv->checkpoints)
     d->bd = live_device(d->bd, &b->srv->ckpt);
@@ -307,6 +363,7 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
       bd_close(d->bd);
     free(d->key);
     free(d->spec);
+    free(d->options);
     free(d);
     return -1;
   }

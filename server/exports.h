@@ -28,6 +28,7 @@ struct device {
   struct bd *bd;
   char *key;      /* identity: see device_key() in exports.c */
   char *spec;     /* as opened, for messages */
+  char *options;  /* the export's option lines, '\n'-joined; NULL: none */
   unsigned users; /* exports (of any set) naming it; under srv->lock */
   unsigned conns; /* connections using it; under srv->lock */
   /* A checkpoint view's device: the live image's device it reads, which

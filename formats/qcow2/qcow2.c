@@ -734,6 +734,8 @@ static struct bd *open_backing_file(struct qcow2dev *q, const char *bpath,
                                     const struct chain *chain) {
   const char *fmt =
       q->h.backing_format[0] ? q->h.backing_format : bd_probe_format(bpath);
+  if (!fmt) /* no table installed: what a file without magic is */
+    fmt = "raw";
   if (!strcmp(fmt, "qcow2"))
     return qcow2_open_chain(bpath, bo, chain);
   if (!strcmp(fmt, "raw"))
@@ -763,7 +765,10 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   /* Read-only, and locked as QEMU locks a backing file: shared with other
    * readers, refusing writers. */
   struct bd_open_opts bo = *o;
-  bo.flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0);
+  /* The image's options reach its backing file, which takes those its
+   * format knows (an NBD URI takes no l2-cache-size). */
+  bo.flags = BD_OPEN_READONLY | (q->share ? BD_OPEN_SHARE : 0) |
+             BD_OPEN_LENIENT_OPTIONS;
   bo.contexts = NULL; /* the image's bitmaps, not its backing file's */
   bo.ncontexts = 0;
   struct bd *b = source ? open_backing_source(q, bpath, &bo)
@@ -955,10 +960,12 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
     q->l2_bits = q->h.cluster_bits - (q->g.extended_l2 ? 4 : 3);
     q->l2_check_bits = l2_check_bits(q);
     size_t slice = q->csize < 4096 ? q->csize : 4096;
-    uint64_t l2 =
-        o->qcow2_l2_cache ? o->qcow2_l2_cache : QCOW2_L2_CACHE_DEFAULT;
-    q->cache = l2cache_new(slice, l2);
-    r = q->cache ? load_l1(q) : -ENOMEM;
+    uint64_t l2 = QCOW2_L2_CACHE_DEFAULT;
+    r = bd_opt_size(o, "qcow2", "l2-cache-size", QCOW2_L2_CACHE_MIN, &l2);
+    if (r == 0) {
+      q->cache = l2cache_new(slice, l2);
+      r = q->cache ? load_l1(q) : -ENOMEM;
+    }
   }
   if (r == 0)
     r = open_data_file(q);

@@ -106,3 +106,45 @@ if has_feature vhost; then
 else
   skip_case "built without vhost: the NBD source's connections through vhost not tried"
 fi
+
+# Options only a format knows pass through the command line and the
+# config file untouched (--source-option, option =); the format judges
+# them when the source opens.
+check "--source-option and option =: the format's keys only, and they take effect"
+"$BLOCKPORT" create -f qcow2 x.qcow2 1M >/dev/null
+rc=0
+"$BLOCKPORT" serve --check-config --source-option timeout=5 x.qcow2 >out.txt 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -qF "qcow2: unknown option 'timeout' (known: l2-cache-size)" out.txt ||
+    { cat out.txt; fail "a qcow2 image took timeout=5 (exit $rc)"; }
+printf '[export a]\npath = x.qcow2\noption = connections=2\n' >bad.conf
+rc=0
+"$BLOCKPORT" serve --check-config --config bad.conf >out.txt 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -qF "bad.conf:1: export 'a': qcow2: unknown option 'connections'" out.txt ||
+    { cat out.txt; fail "option = connections=2 on a qcow2 image: exit $rc"; }
+# The format flags stay defaults for the formats that know them.
+"$BLOCKPORT" serve --check-config --source-option l2-cache-size=1M \
+    --nbd-timeout 5 --rbd-lock wait x.qcow2 >out.txt 2>&1 ||
+    { cat out.txt; fail "l2-cache-size=1M and the NBD and RBD flags refused on qcow2"; }
+check_sanitizer_reports out.txt
+[[ -n $SERVER_PID ]] || start_server memory:64M
+# serve_nbd N ARGS...: a second server over the NBD source $URI opens N
+# connections to it.
+serve_nbd() {
+    local want=$1
+    shift
+    rm -f s2.pid
+    "$BLOCKPORT" serve --unix "$T/s2.sock" -P s2.pid "$@" >s2.log 2>&1 &
+    local s2=$!
+    track_pid $s2
+    wait_file 10 s2.pid $s2 || { cat s2.log; fail "serve $* did not start"; }
+    wait_until 5 server_conns "$want" ||
+        fail "serve $*: $(ss -xp | grep -c "pid=$SERVER_PID,") connections, expected $want"
+    kill $s2
+    wait $s2 || { cat s2.log; fail "serve $* exited with $?"; }
+    wait_until 5 server_conns 0 || fail "serve $*: connections left"
+    check_sanitizer_reports s2.log
+}
+serve_nbd 2 --source-option connections=2 "$URI"
+printf '[export a]\npath = %s\noption = timeout=5\noption = connections=3\n' "$URI" >nbd.conf
+serve_nbd 3 --config nbd.conf
+ok "refused on qcow2 naming the format and the key; connections=2 and 3 reach the NBD source"

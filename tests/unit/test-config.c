@@ -326,9 +326,34 @@ Test(config, bad_values) {
           "read-only: 'maybe' is not a boolean");
   rejects("[export a]\npath=a\nrequire-tls =\n", 3,
           "require-tls: '' is not a boolean");
-  rejects("[export a]\npath=a\nformat = vmdk\n", 3,
-          "format: 'vmdk' is not raw or qcow2");
-  rejects("[export a]\npath=a\nformat = RAW\n", 3, "is not raw or qcow2");
+  /* Which names are formats is the format table's to say, at opening;
+   * the file refuses only what cannot be a name. */
+  rejects("[export a]\npath=a\nformat = raw qcow2\n", 3,
+          "format: 'raw qcow2' is not a format name");
+  rejects("[export a]\npath=a\nformat =\n", 3, "is not a format name");
+  struct config c = parse("x.conf", "[export a]\npath=a\nformat = vmdk\n");
+  cr_assert_str_eq(c.v[0].format, "vmdk");
+  config_free(&c);
+}
+
+/* option = KEY=VALUE, repeatable, kept in order; the keys are the
+ * format's to judge when the export opens. */
+Test(config, options) {
+  struct config c = parse("x.conf", "[export a]\npath=a\n"
+                                    "option = l2-cache-size=1M\n"
+                                    "option=anything=x=y\n");
+  cr_assert_eq(c.v[0].noptions, 2);
+  cr_assert_str_eq(c.v[0].options[0], "l2-cache-size=1M");
+  cr_assert_str_eq(c.v[0].options[1], "anything=x=y");
+  struct export_conf e;
+  cr_assert_eq(config_export_copy(&e, &c.v[0]), 0);
+  config_free(&c);
+  cr_assert_eq(e.noptions, 2);
+  cr_assert_str_eq(e.options[1], "anything=x=y");
+  config_export_free(&e);
+  rejects("[export a]\npath=a\noption = timeout\n", 3,
+          "option: 'timeout' is not KEY=VALUE");
+  rejects("[export a]\npath=a\noption = =5\n", 3, "is not KEY=VALUE");
 }
 
 Test(config, bad_allow) {

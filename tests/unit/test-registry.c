@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/blockdev.h"
+#include "core/open.h"
 #include "core/source.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/registry.h"
@@ -62,8 +63,12 @@ static const struct bd_format fmt_a = {
 static const struct bd_format fmt_b = {
     .name = "b", .matches = is_b, .open = open_b};
 static const struct bd_format fmt_img = {
-    .name = "img", .probe = probe, .open = open_img};
-static const struct bd_format fmt_other = {.name = "other", .open = open_other};
+    .name = "img",
+    .option_keys = (const char *const[]){"size", "mode", NULL},
+    .probe = probe,
+    .open = open_img};
+static const struct bd_format fmt_other = {
+    .name = "other", .probe_fallback = true, .open = open_other};
 static const struct bd_format *const table[] = {&fmt_a, &fmt_b, &fmt_img,
                                                 &fmt_other, NULL};
 
@@ -118,45 +123,80 @@ Test(registry, probe_refusal_keeps_its_message) {
   cr_assert_str_eq(bd_errmsg(), "probe said no");
   /* bd_probe_format still names the refused format. */
   cr_assert_str_eq(bd_probe_format("disk"), "exotic");
-  probe_result = -EIO;
-  cr_assert_str_eq(bd_probe_format("disk"), "raw");
+  probe_result = -EIO; /* unreadable: the fallback entry */
+  cr_assert_str_eq(bd_probe_format("disk"), "other");
 }
 
 Test(registry, options_reach_the_open) {
   struct bd_open_opts o = BD_OPEN_OPTS_INIT;
-  static const char *const flags[] = {"x.y=1"};
+  static const char *const opts[] = {"mode=fast"};
+  static const char *const defs[] = {"img.size=3", "b.zzz=1"};
   o.format = "img";
   o.flags = BD_OPEN_SHARE;
-  o.qcow2_l2_cache = 1 << 20;
-  o.nbd_connections = 3;
-  o.plugin_debug = flags;
-  o.n_plugin_debug = 1;
+  o.options = opts;
+  o.noptions = 1;
+  o.defaults = defs;
+  o.ndefaults = 2;
   struct bd *bd = bd_open_with("disk", &o);
   cr_assert_not_null(bd);
   cr_assert(bd->caps.readonly);
   bd_close(bd);
   cr_assert_eq(seen.flags, BD_OPEN_SHARE | BD_OPEN_READONLY);
-  cr_assert_eq(seen.qcow2_l2_cache, 1 << 20);
-  cr_assert_eq(seen.nbd_connections, 3);
-  cr_assert_eq(seen.nbd_timeout, BD_NBD_TIMEOUT_DEFAULT);
-  cr_assert_eq(seen.plugin_debug, flags);
+  cr_assert_str_eq(bd_opt_get(&seen, "img", "mode"), "fast");
+  cr_assert_str_eq(bd_opt_get(&seen, "img", "size"), "3");
   /* NULL options: the defaults. */
   cr_assert_str_eq(opened("a:", NULL, 0), "a");
   bd = bd_open_with("a:", NULL);
   cr_assert_not_null(bd);
   bd_close(bd);
-  cr_assert_eq(seen.nbd_timeout, BD_NBD_TIMEOUT_DEFAULT);
+  cr_assert_eq(seen.noptions, 0);
   cr_assert_eq(seen.flags, 0);
+}
+
+/* An option the opened format does not take fails the opening, naming
+ * the format; a default it does not take is ignored. */
+Test(registry, options_the_format_does_not_take) {
+  struct bd_open_opts o = BD_OPEN_OPTS_INIT;
+  static const char *const opts[] = {"size=1", "timeout=5"};
+  o.format = "img";
+  o.options = opts;
+  o.noptions = 2;
+  cr_assert_null(bd_open_with("disk", &o));
+  cr_assert_str_eq(bd_errmsg(),
+                   "img: unknown option 'timeout' (known: size, mode)");
+  o.format = "other";
+  o.noptions = 1;
+  cr_assert_null(bd_open_with("disk", &o));
+  cr_assert_str_eq(bd_errmsg(),
+                   "other: unknown option 'size' (other takes none)");
+  /* A backing file's (lenient) options: what it does not know is dropped. */
+  o.flags = BD_OPEN_LENIENT_OPTIONS;
+  struct bd *bd = bd_open_with("disk", &o);
+  cr_assert_not_null(bd);
+  bd_close(bd);
+  o.flags = 0;
+  o.noptions = 0;
+  static const char *const defs[] = {"timeout=5", "nbd.connections=2"};
+  o.defaults = defs;
+  o.ndefaults = 2;
+  bd = bd_open_with("disk", &o);
+  cr_assert_not_null(bd);
+  bd_close(bd);
+  static const char *const bad[] = {"=1"};
+  o.options = bad;
+  o.noptions = 1;
+  cr_assert_null(bd_open_with("disk", &o));
+  cr_assert_str_eq(bd_errmsg(), "other: option '=1': expected KEY=VALUE");
 }
 
 Test(registry, unknown_names) {
   cr_assert_null(opened("disk", "vmdk", 0));
-  cr_assert_str_eq(bd_errmsg(), "unknown format 'vmdk'");
+  cr_assert_str_eq(bd_errmsg(), "unknown format 'vmdk' (known: img, other)");
   /* A spec-named source by name: its usage, or unknown without one. */
   cr_assert_null(opened("disk", "a", 0));
   cr_assert_str_eq(bd_errmsg(), "format 'a' takes a letter: use a:X");
   cr_assert_null(opened("disk", "b", 0));
-  cr_assert_str_eq(bd_errmsg(), "unknown format 'b'");
+  cr_assert_str_eq(bd_errmsg(), "unknown format 'b' (known: img, other)");
 }
 
 Test(registry, a_table_without_probe_needs_a_format) {
@@ -164,7 +204,7 @@ Test(registry, a_table_without_probe_needs_a_format) {
   bd_formats_install(no_probe);
   cr_assert_null(opened("disk", NULL, 0));
   cr_assert_str_eq(bd_errmsg(), "disk: no format given, and none can probe it");
-  cr_assert_str_eq(bd_probe_format("disk"), "raw");
+  cr_assert_str_eq(bd_probe_format("disk"), "other");
   cr_assert_str_eq(opened("disk", "other", 0), "other");
 }
 
@@ -174,7 +214,7 @@ Test(registry, no_table_is_an_error_not_a_crash) {
   cr_assert_str_eq(bd_errmsg(),
                    "memory:1M: no formats installed (bd_formats_install)");
   cr_assert_null(bd_open("disk", "raw", true));
-  cr_assert_str_eq(bd_probe_format("/dev/null"), "raw");
+  cr_assert_null(bd_probe_format("/dev/null"));
 }
 
 /* ---- the real table ---- */
@@ -191,7 +231,7 @@ Test(formats, specs_and_names) {
   cr_assert_str_eq(bd_errmsg(),
                    "format 'memory' takes a size: use memory:SIZE");
   cr_assert_null(opened("x", "nbd", 0));
-  cr_assert_str_eq(bd_errmsg(), "unknown format 'nbd'");
+  cr_assert_str_eq(bd_errmsg(), "unknown format 'nbd' (known: raw, qcow2)");
 }
 
 Test(formats, files_by_probe) {
