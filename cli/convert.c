@@ -85,6 +85,9 @@ static const char convert_usage[] =
     "  --plugin PLUGIN  SRC is an nbdkit plugin (a .so path or a name in\n"
     "                nbdkit's plugin directory) with its KEY=VALUE "
     "parameters\n"
+    "  --source-option KEY=VALUE  an option of SRC's format (repeatable;\n"
+    "                l2-cache-size for qcow2, connections and timeout for\n"
+    "                an NBD URI, ...): a key it does not take is refused\n"
     "DST may not be SRC or a file of its backing chain.  Exit status: 0\n"
     "success, 1 bad usage or failure.\n";
 
@@ -512,9 +515,21 @@ static int run_copy(struct copy *cp) {
   return r;
 }
 
-static int convert(const char *src_path, const char *sfmt, const char *dst_path,
-                   struct dst_opts *d, bool progress, bool compress,
-                   bool share) {
+#define MAX_SOURCE_OPTS 64
+
+struct convert_args {
+  const char *sfmt, *ofmt, *plugin;
+  struct dst_opts d;
+  bool progress, compress, share;
+  /* --source-option: SRC's format judges them when it opens */
+  const char *src_opts[MAX_SOURCE_OPTS];
+  size_t nsrc_opts;
+};
+
+static int convert(const char *src_path, const struct convert_args *a,
+                   const char *dst_path, struct dst_opts *d) {
+  const char *sfmt = a->sfmt;
+  bool progress = a->progress, compress = a->compress, share = a->share;
   struct copy cp = {.progress = progress && isatty(2),
                     .write_flags = compress ? BD_F_COMPRESS : 0,
                     .diff = d->o.backing != NULL};
@@ -527,6 +542,8 @@ static int convert(const char *src_path, const char *sfmt, const char *dst_path,
       share ? BD_OPEN_SHARE
             : BD_OPEN_READONLY | BD_OPEN_UNSHARE_WRITE | BD_OPEN_UNSHARE_RESIZE;
   so.cache = d->src_cache;
+  so.options = a->src_opts;
+  so.noptions = a->nsrc_opts;
   cp.src = bd_open_with(src_path, &so);
   if (!cp.src) {
     cli_error("convert", NULL, "%s", bd_errmsg());
@@ -567,12 +584,6 @@ out:
   bd_close(cp.src);
   return ret;
 }
-
-struct convert_args {
-  const char *sfmt, *ofmt, *plugin;
-  struct dst_opts d;
-  bool progress, compress, share;
-};
 
 /* A number of bytes for -S: a multiple of 512 up to 16M, or 0. */
 static int sparse_size(const char *arg, int64_t *out) {
@@ -625,6 +636,18 @@ static int dst_options(struct dst_opts *d, const char *list) {
 }
 
 /* One option: 0, or -1 (said). */
+/* --source-option KEY=VALUE: the form now, the key when SRC opens. */
+static int source_option(struct convert_args *a, const char *arg) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg || a->nsrc_opts == MAX_SOURCE_OPTS) {
+    cli_usage_error("convert", "--source-option %s: expected %s", arg,
+                    eq && eq != arg ? "at most 64 of them" : "KEY=VALUE");
+    return -1;
+  }
+  a->src_opts[a->nsrc_opts++] = arg;
+  return 0;
+}
+
 static int convert_option(struct convert_args *a, int ch, const char *arg) {
   struct dst_opts *d = &a->d;
   unsigned m;
@@ -633,6 +656,7 @@ static int convert_option(struct convert_args *a, int ch, const char *arg) {
   case 'T': return cache_mode(ch, arg, &d->src_cache);
   case 'U': a->share = true; return 0;
   case 'G': a->plugin = arg; return 0;
+  case 'X': return source_option(a, arg);
   case 'p': a->progress = true; return 0;
   case 'c': a->compress = true; return 0;
   case 'f': a->sfmt = arg; return 0;
@@ -693,6 +717,7 @@ static const char *conflict(const struct convert_args *a, bool rbd_dst) {
 static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
   static const struct option longopts[] = {
       {"plugin", required_argument, NULL, 'G'},
+      {"source-option", required_argument, NULL, 'X'},
       {"force-share", no_argument, NULL, 'U'},
       {"target-is-zero", no_argument, NULL, 'Z'},
       {"bitmaps", no_argument, NULL, 'M'},
@@ -753,8 +778,7 @@ int convert_main(int argc, char **argv) {
    * the page cache do not need them. */
   if (bd_pool_start(4) < 0)
     goto out;
-  r = convert(spec ? spec : argv[optind], a.sfmt, argv[argc - 1], &a.d,
-              a.progress, a.compress, a.share);
+  r = convert(spec ? spec : argv[optind], &a, argv[argc - 1], &a.d);
   bd_pool_stop();
 out:
   free(spec);

@@ -121,6 +121,12 @@ rc=0
 "$BLOCKPORT" serve --check-config --config bad.conf >out.txt 2>&1 || rc=$?
 [[ $rc -eq 1 ]] && grep -qF "bad.conf:1: export 'a': qcow2: unknown option 'connections'" out.txt ||
     { cat out.txt; fail "option = connections=2 on a qcow2 image: exit $rc"; }
+rc=0
+"$BLOCKPORT" convert -O raw --source-option timeout=5 x.qcow2 y.raw >out.txt 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -qxF "blockport convert: qcow2: unknown option 'timeout' (known: l2-cache-size)" out.txt ||
+    { cat out.txt; fail "convert: a qcow2 SRC took timeout=5 (exit $rc)"; }
+"$BLOCKPORT" convert -O raw --source-option l2-cache-size=1M x.qcow2 y.raw >out.txt 2>&1 ||
+    { cat out.txt; fail "convert: l2-cache-size=1M refused on a qcow2 SRC"; }
 # The format flags stay defaults for the formats that know them.
 "$BLOCKPORT" serve --check-config --source-option l2-cache-size=1M \
     --nbd-timeout 5 --rbd-lock wait x.qcow2 >out.txt 2>&1 ||
