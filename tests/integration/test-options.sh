@@ -154,3 +154,19 @@ serve_nbd 2 --source-option connections=2 "$URI"
 printf '[export a]\npath = %s\noption = timeout=5\noption = connections=3\n' "$URI" >nbd.conf
 serve_nbd 3 --config nbd.conf
 ok "refused on qcow2 naming the format and the key; connections=2 and 3 reach the NBD source"
+
+check "a reload that changes an export's options opens its source again"
+rm -f s2.pid
+"$BLOCKPORT" serve --unix "$T/s2.sock" -P s2.pid --config nbd.conf >s2.log 2>&1 &
+s2=$!
+track_pid $s2
+wait_file 10 s2.pid $s2 || { cat s2.log; fail "serve --config nbd.conf did not start"; }
+wait_until 5 server_conns 3 || fail "$(ss -xp | grep -c "pid=$SERVER_PID,") connections, expected 3"
+sed -i 's/connections=3/connections=2/' nbd.conf
+kill -HUP $s2
+wait_until 10 server_conns 2 ||
+    { cat s2.log; fail "after the reload: $(ss -xp | grep -c "pid=$SERVER_PID,") connections, expected 2"; }
+kill $s2
+wait $s2 || { cat s2.log; fail "serve --config nbd.conf exited with $?"; }
+check_sanitizer_reports s2.log
+ok "connections=3, then 2 after SIGHUP"
