@@ -1114,6 +1114,8 @@ static void unlink_conn(struct conn *c) {
   }
   srv->nconns--;
   pthread_cond_broadcast(&srv->cond);
+  if (srv->nconns == 0 && srv->idle_fd >= 0)
+    eventfd_write(srv->idle_fd, 1);
   pthread_mutex_unlock(&srv->lock);
 }
 

@@ -4,6 +4,7 @@
  * command line is cli/serve.c. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -107,8 +109,9 @@ static int config_from_args(char **images, int n, const struct serve_opts *o,
     struct export_conf *e = &cf->v[i];
     cf->n = (size_t)i + 1; /* so config_free() frees it on error */
     /* Unnamed images after the first are named after their path. */
+    const char *first = o->export_name && !o->plugin ? o->export_name : "";
     e->name =
-        named ? strndup(img, (size_t)(eq - img)) : strdup(i > 0 ? img : "");
+        named ? strndup(img, (size_t)(eq - img)) : strdup(i > 0 ? img : first);
     e->path = strdup(named ? eq + 1 : img);
     e->is_default = i == 0;
     e->description = o->description ? strdup(o->description) : NULL;
@@ -418,15 +421,10 @@ static void describe_peer(int fd, const struct sockaddr_storage *ss, char *out,
   }
 }
 
-static void accept_one(struct server *srv, int lfd) {
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof ss;
-  int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
-  if (fd < 0) {
-    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-      log_warn("accept: %s", strerror(errno));
-    return;
-  }
+/* Serve FD, a client from SS, unless the limits or --allow refuse it. */
+static void admit(struct server *srv, int fd,
+                  const struct sockaddr_storage *sp) {
+  struct sockaddr_storage ss = *sp;
   char peer[80];
   describe_peer(fd, &ss, peer, sizeof peer);
   pthread_mutex_lock(&srv->lock);
@@ -456,6 +454,18 @@ static void accept_one(struct server *srv, int lfd) {
   conn_start(srv, fd, peer, &ss);
 }
 
+static void accept_one(struct server *srv, int lfd) {
+  struct sockaddr_storage ss;
+  socklen_t sl = sizeof ss;
+  int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+  if (fd < 0) {
+    if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+      log_warn("accept: %s", strerror(errno));
+    return;
+  }
+  admit(srv, fd, &ss);
+}
+
 /* Take the sockets systemd passed, if any.  Returns their number, or -1
  * (an error, or a usage error: options that conflict with them). */
 static int take_activated(const struct serve_opts *o, int *lfds) {
@@ -465,6 +475,7 @@ static int take_activated(const struct serve_opts *o, int *lfds) {
   if (n <= 0)
     return n < 0 ? -1 : 0;
   const char *opt = o->unix_path        ? "--unix"
+                    : o->single         ? "--single"
                     : o->port           ? "--port"
                     : o->bind_addr      ? "--bind"
                     : o->unix_mode >= 0 ? "--unix-mode"
@@ -563,7 +574,11 @@ static bool on_signal(void *opaque) {
     reloader_poke(sg->rl, false);
     return false;
   }
-  log_info("signal %u: shutting down", si.ssi_signo);
+  /* --run's end is the server's own SIGTERM: no news to anyone. */
+  if (si.ssi_pid == (uint32_t)getpid())
+    log_debug("signal %u (our own): shutting down", si.ssi_signo);
+  else
+    log_info("signal %u: shutting down", si.ssi_signo);
   return true;
 }
 
@@ -620,7 +635,8 @@ void server_init(struct server *srv, const struct serve_opts *o,
                          .ckpt = o->ckpt,
                          .lock = PTHREAD_MUTEX_INITIALIZER,
                          .rebuild_lock = PTHREAD_MUTEX_INITIALIZER,
-                         .cond = PTHREAD_COND_INITIALIZER};
+                         .cond = PTHREAD_COND_INITIALIZER,
+                         .idle_fd = -1};
 }
 
 int server_rebuild(struct server *srv) {
@@ -691,7 +707,8 @@ struct run {
   int lfds[MAX_LISTENERS], nl;
   int activated; /* listeners from systemd, at the front of lfds */
   bool bound_unix;
-  int sfd; /* signals */
+  int sfd;       /* signals */
+  int single_fd; /* -s: the client's socket until it is served, or -1 */
   struct metrics_http *mhttp;
   struct checkpoints *ctl;
 };
@@ -709,10 +726,34 @@ static int take_signals(void) {
   return signalfd(-1, &set, SFD_CLOEXEC);
 }
 
+/* -s: standard input, a socket, becomes the one client's connection
+ * (R->single_fd, served once ready); standard input and output then
+ * read and write /dev/null, so that nothing else reaches the client. */
+static int take_stdin(struct run *r) {
+  struct stat st;
+  if (fstat(0, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+    log_error("--single: standard input is not a socket (the client is "
+              "served on it, as by nbdkit -s)");
+    return -1;
+  }
+  int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  r->single_fd = fcntl(0, F_DUPFD_CLOEXEC, 3);
+  r->srv.idle_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  bool ok = null >= 0 && r->single_fd >= 0 && r->srv.idle_fd >= 0 &&
+            dup2(null, 0) == 0 && dup2(null, 1) == 1;
+  if (null >= 0)
+    close(null);
+  if (!ok)
+    log_error("--single: standard input: %s", strerror(errno));
+  return ok ? 0 : -1;
+}
+
 /* The Unix socket and the TCP addresses the options name, after those
  * systemd passed. */
 static int run_listen(struct run *r) {
   const struct serve_opts *o = &r->o;
+  if (o->single)
+    return take_stdin(r);
   if (o->unix_path) {
     if ((r->lfds[r->nl] = server_listen_unix(o->unix_path, o->unix_mode)) < 0)
       return -1;
@@ -790,6 +831,36 @@ static void run_stop(struct run *r, struct reloader *rl) {
   bd_pool_stop();
 }
 
+/* -s: serve the one client, until it leaves or a signal stops the
+ * server.  0, or -1 (logged). */
+static int serve_single(struct run *r, struct signals *sg) {
+  struct server *srv = &r->srv;
+  struct sockaddr_storage ss = {.ss_family = AF_UNIX};
+  socklen_t sl = sizeof ss;
+  if (getpeername(r->single_fd, (struct sockaddr *)&ss, &sl) < 0)
+    ss.ss_family = AF_UNIX;      /* a socketpair's end has no address */
+  admit(srv, r->single_fd, &ss); /* takes the fd */
+  r->single_fd = -1;
+  struct pollfd p[2] = {{.fd = r->sfd, .events = POLLIN},
+                        {.fd = srv->idle_fd, .events = POLLIN}};
+  for (;;) {
+    pthread_mutex_lock(&srv->lock);
+    bool gone = srv->nconns == 0;
+    pthread_mutex_unlock(&srv->lock);
+    if (gone)
+      return 0;
+    if (poll(p, 2, -1) < 0 && errno != EINTR) {
+      log_error("poll: %s", strerror(errno));
+      return -1;
+    }
+    if ((p[0].revents & POLLIN) && on_signal(sg))
+      return 0;
+    eventfd_t v;
+    if (p[1].revents & POLLIN)
+      eventfd_read(srv->idle_fd, &v);
+  }
+}
+
 /* Say "ready", then accept connections until a signal stops the server.
  * Returns the exit status. */
 static int run_serve(struct run *r) {
@@ -797,6 +868,8 @@ static int run_serve(struct run *r) {
     return 1;
   char where[1024];
   describe_listeners(r->lfds, r->nl, where, sizeof where);
+  if (r->o.single)
+    snprintf(where, sizeof where, "one client on standard input");
   log_info("ready%s: %s", r->activated ? " (socket-activated)" : "", where);
   notify_ready(&r->srv, where);
 
@@ -810,10 +883,10 @@ static int run_serve(struct run *r) {
   }
   pthread_setname_np(rl.thread, "bp-reload");
   struct signals sg = {.sfd = r->sfd, .rl = &rl};
-  int ret =
-      server_accept_loop(&r->srv, r->lfds, r->nl, r->sfd, on_signal, &sg) < 0
-          ? 1
-          : 0;
+  int ret = r->o.single ? serve_single(r, &sg)
+                        : server_accept_loop(&r->srv, r->lfds, r->nl, r->sfd,
+                                             on_signal, &sg);
+  ret = ret < 0 ? 1 : 0;
   run_stop(r, &rl);
   return ret;
 }
@@ -831,12 +904,16 @@ static int run_close(struct run *r) {
   config_free(&r->cf);
   if (r->sfd >= 0)
     close(r->sfd);
+  if (r->single_fd >= 0)
+    close(r->single_fd);
+  if (r->srv.idle_fd >= 0)
+    close(r->srv.idle_fd);
   tls_creds_put(r->srv.tls_creds);
   return ret;
 }
 
 int server_run(const struct serve_opts *opts) {
-  struct run r = {.o = *opts};
+  struct run r = {.o = *opts, .single_fd = -1};
   server_init(&r.srv, &r.o, &r.cf);
   /* Before any thread or plugin exists: children must not inherit
    * LISTEN_*. */
@@ -846,7 +923,7 @@ int server_run(const struct serve_opts *opts) {
   r.nl = r.activated;
   if (notify_init() < 0)
     log_warn("%s; not notifying systemd", bd_errmsg());
-  if (!r.activated && !r.o.unix_path && !r.o.port)
+  if (!r.activated && !r.o.unix_path && !r.o.port && !r.o.single)
     r.o.port = "10809";
   r.sfd = take_signals();
   int ret = run_start(&r) < 0 ? 1 : run_serve(&r);

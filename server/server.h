@@ -58,6 +58,8 @@ struct server {
   /* A view server (view-server.h): no configured exports, only views. */
   bool views_only;
   pthread_cond_t cond; /* signalled when a connection ends */
+  int idle_fd;         /* -s: an eventfd written when the last one ends,
+                        * -1: none */
   struct conn *conns;  /* live connections */
   unsigned nconns;
   unsigned next_id;
@@ -107,6 +109,12 @@ struct serve_opts {
   char **images;
   int n_images;
   bool plugin;
+  /* -s: no listener; the one client is on standard input (a socket),
+   * and the server stops when it leaves. */
+  bool single;
+  /* -e: the name of the first IMAGE when it is given without NAME=
+   * (nbdkit's preferred export name), NULL: "". */
+  const char *export_name;
   bool readonly;     /* every export */
   bool force_share;  /* with readonly: share images with writers */
   char **ro_exports; /* --readonly-export NAME */
