@@ -296,6 +296,7 @@ static int fleece_limit(struct cli_common *c, const struct shared_opt *t,
 
 static int logging(struct cli_common *c, const struct shared_opt *t,
                    const char *arg) {
+  c->log_chosen |= t->val != ID_SYSLOG;
   if (t->val == 'v')
     log_threshold = LOG_LEVEL_DEBUG;
   else if (t->val == ID_SYSLOG)

@@ -57,6 +57,7 @@ struct cli_common {
   const char *control;    /* --control: the control socket, or NULL */
   struct ckpt_opts ckpt;  /* --fleece-dir, --fleece-limit */
   const char *views_unix; /* --views-unix: views' NBD socket, or NULL */
+  bool log_chosen;        /* -v or --log-level given */
   /* What open.options and open.defaults point to: --source-option's
    * arguments, and "FORMAT.KEY=VALUE" strings built in ARENA. */
   const char *options[CLI_MAX_SOURCE_OPTS];

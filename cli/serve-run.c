@@ -15,13 +15,14 @@
 #include "cli.h"
 #include "daemon.h"
 
-/* A private directory for the socket when --run names no address. */
+/* A private directory for the socket when --run names no address, or
+ * --unix is "-" (nbdkit's -U -). */
 static int private_socket(struct serve_run *r, struct serve_opts *o) {
   const char *tmp = getenv("TMPDIR");
   snprintf(r->dir, sizeof r->dir, "%s/blockport-XXXXXX",
            tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(r->dir)) {
-    cli_error("serve", NULL, "--run: a private directory in %s: %s",
+    cli_error("serve", NULL, "a private socket directory in %s: %s",
               tmp && *tmp ? tmp : "/tmp", strerror(errno));
     r->dir[0] = '\0';
     return -1;
@@ -35,7 +36,9 @@ int serve_run_prepare(struct serve_run *r, struct serve_opts *o) {
   r->child = -1;
   r->notify_fd = -1;
   atomic_init(&r->reaped, false);
-  if (r->cmd && !o->unix_path && !o->port && !getenv("LISTEN_FDS") &&
+  bool dash = o->unix_path && !strcmp(o->unix_path, "-");
+  if ((dash || (r->cmd && !o->unix_path && !o->port && !o->single &&
+                !getenv("LISTEN_FDS"))) &&
       private_socket(r, o) < 0)
     return -1;
   if (r->fork)
@@ -69,30 +72,53 @@ static void sh_var(char **p, char *end, const char *name, const char *value) {
     *(*p)++ = '\n';
 }
 
+/* NAME for a URI's path: RFC 3986's unreserved characters and '/' as
+ * they are, the rest percent-encoded; cut short rather than overflow. */
+static void uri_path(const char *name, char *out, size_t len) {
+  static const char hex[] = "0123456789ABCDEF";
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    bool plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                 (*p >= '0' && *p <= '9') || strchr("-._~/", *p);
+    if (n + (plain ? 1 : 3) >= len)
+      break;
+    if (plain) {
+      out[n++] = (char)*p;
+    } else {
+      out[n++] = '%';
+      out[n++] = hex[*p >> 4];
+      out[n++] = hex[*p & 15];
+    }
+  }
+  out[n] = '\0';
+}
+
 /* The URI a client of this server uses: the Unix socket if there is one,
  * else the TCP port on the bound address (localhost when it binds every
- * address). */
+ * address); the export -e names, if any. */
 static void server_uri(const struct serve_opts *o, char *buf, size_t len) {
   const char *s = o->tls != HS_TLS_OFF ? "nbds" : "nbd";
+  char name[3 * 4096 + 1];
+  uri_path(o->export_name ? o->export_name : "", name, sizeof name);
   if (o->unix_path) {
-    snprintf(buf, len, "%s+unix:///?socket=%s", s, o->unix_path);
+    snprintf(buf, len, "%s+unix:///%s?socket=%s", s, name, o->unix_path);
     return;
   }
   const char *host = o->bind_addr;
   if (!host || !*host || !strcmp(host, "0.0.0.0") || !strcmp(host, "::"))
     host = "localhost";
   bool v6 = strchr(host, ':') != NULL;
-  snprintf(buf, len, "%s://%s%s%s:%s/", s, v6 ? "[" : "", host, v6 ? "]" : "",
-           o->port ? o->port : "10809");
+  snprintf(buf, len, "%s://%s%s%s:%s/%s", s, v6 ? "[" : "", host, v6 ? "]" : "",
+           o->port ? o->port : "10809", name);
 }
 
 /* The script /bin/sh runs: the variables nbdkit's --run sets, then CMD. */
 static char *script(const struct serve_run *r, const struct serve_opts *o) {
-  size_t len = strlen(r->cmd) + 16384;
+  size_t len = strlen(r->cmd) + 65536;
   char *buf = malloc(len), *p = buf, *end = buf + len - 1;
   if (!buf)
     return NULL;
-  char uri[4200];
+  char uri[16384];
   server_uri(o, uri, sizeof uri);
   const char *tls = o->tls == HS_TLS_REQUIRE ? "2"
                     : o->tls == HS_TLS_ON    ? "1"
@@ -101,7 +127,7 @@ static char *script(const struct serve_run *r, const struct serve_opts *o) {
   sh_var(&p, end, "nbd", uri);
   sh_var(&p, end, "unixsocket", o->unix_path ? o->unix_path : "");
   sh_var(&p, end, "port", o->port ? o->port : "");
-  sh_var(&p, end, "exportname", "");
+  sh_var(&p, end, "exportname", o->export_name ? o->export_name : "");
   sh_var(&p, end, "tls", tls);
   size_t room = (size_t)(end - p);
   snprintf(p, room + 1, "%s", r->cmd);

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "options.h"
+#include "serve-nbdkit.h"
 #include "serve-run.h"
 
 static const char serve_head[] =
@@ -37,14 +38,16 @@ static const char serve_head[] =
     "an NBD URI.  With --plugin, the export is an nbdkit plugin and its\n"
     "exports those it lists.\n"
     "\n"
-    "  -u, --unix PATH           listen on a Unix socket\n"
+    "  -u, --unix PATH           listen on a Unix socket (-: a private one,\n"
+    "                            as nbdkit's -U -)\n"
     "  -p, --port N              listen on TCP port N (default 10809 when no "
     "--unix)\n"
     "  -b, --bind ADDR           TCP address to bind (IPv4 or IPv6; default "
     "all)\n"
     "  -r, --readonly            refuse writes on every export\n"
     "  -U, --force-share         with --readonly: open images that another\n"
-    "                            process writes (qemu-img's -U)\n"
+    "                            process writes (qemu-img's -U; nbdkit's\n"
+    "                            -U SOCKET is -u here, -U - is --unix -)\n"
     "      --readonly-export NAME  refuse writes on export NAME (repeat for\n"
     "                            more; \"\" is the default export)\n"
     "      --description TEXT    what clients see of every IMAGE (nbdinfo;\n"
@@ -101,7 +104,20 @@ static const char serve_head[] =
     "                            Unix socket in a private directory\n"
     "      --fork                go into the background once clients can\n"
     "                            connect (the pid file written then); the\n"
-    "                            log then goes nowhere unless --syslog\n";
+    "                            log then goes nowhere unless --syslog\n"
+    "      --foreground          stay in the foreground: the default (also\n"
+    "                            --no-fork, as nbdkit spells it)\n"
+    "      --exit-with-parent    stop, as SIGTERM stops it, when the parent\n"
+    "                            process exits (nbdkit's); no --fork with it\n"
+    "  -s, --single              serve one client on standard input, a\n"
+    "                            socket (inetd, libnbd's connect_command),\n"
+    "                            then exit: no listener (nbdkit's -s)\n"
+    "  -e, --export-name NAME    name the first IMAGE given without NAME=\n"
+    "                            (still the default export too); --run's\n"
+    "                            $exportname and $uri name it (nbdkit's -e)\n"
+    "  -t, --threads N           the same as --workers (nbdkit's -t)\n"
+    "      --dump-config         print this build's configuration as\n"
+    "                            KEY=VALUE lines (nbdkit's keys) and exit\n";
 
 static const char serve_tail[] =
     "  -h, --help                show this help\n"
@@ -119,9 +135,11 @@ static const char serve_tail[] =
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
   struct serve_opts so;
-  bool check_config;    /* --check-config: check the exports, then exit */
-  struct serve_run run; /* --run, --fork */
-  char *plugin_spec;    /* built from --plugin, owned */
+  bool check_config;     /* --check-config: check the exports, then exit */
+  bool exit_with_parent; /* --exit-with-parent */
+  bool foreground;       /* --foreground: the default, said out loud */
+  struct serve_run run;  /* --run, --fork */
+  char *plugin_spec;     /* built from --plugin, owned */
 };
 
 /* Long options without a short form. */
@@ -143,6 +161,9 @@ enum {
   OPT_RUN,
   OPT_FORK,
   OPT_DESCRIPTION,
+  OPT_EXIT_WITH_PARENT,
+  OPT_FOREGROUND,
+  OPT_DUMP_CONFIG,
 };
 
 static void usage(FILE *f, const struct serve_cli *c) {
@@ -228,6 +249,15 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
   case OPT_CHECK_CONFIG: c->check_config = true; return 1;
   case OPT_RUN: c->run.cmd = arg; return 1;
   case OPT_FORK: c->run.fork = true; return 1;
+  case OPT_FOREGROUND: c->foreground = true; return 1;
+  case OPT_EXIT_WITH_PARENT: c->exit_with_parent = true; return 1;
+  case 's': o->single = true; return 1;
+  case 'e':
+    if (strlen(arg) > 4096)
+      return bad("--export-name", arg, "a name of at most 4096 bytes");
+    o->export_name = arg;
+    return 1;
+  case 't': return number("--threads", arg, 1, 1024, &c->co.workers);
   case OPT_METRICS: {
     char host[256], mport[8];
     if (!metrics_http_parse_addr(arg, host, sizeof host, mport, sizeof mport))
@@ -343,8 +373,20 @@ static int check_conflicts(struct serve_cli *c, int nargs) {
   else if (o->config && o->n_bitmaps)
     err = "--bitmap is for IMAGE arguments: with --config, say bitmap = NAME "
           "in the export";
-  else if (o->force_share && !o->readonly)
-    err = "--force-share needs --readonly (a writer cannot share the image)";
+  else if (o->force_share && !o->readonly) {
+    cli_usage_error("serve",
+                    "--force-share needs --readonly (a writer cannot share "
+                    "the image)%s",
+                    serve_nbdkit_force_share_hint);
+    return -1;
+  } else if (o->single && (o->unix_path || o->port || o->bind_addr ||
+                           o->unix_mode >= 0 || c->run.cmd || c->run.fork))
+    err = "--single serves standard input: no --unix, --port, --bind, "
+          "--unix-mode, --run or --fork with it";
+  else if (c->run.fork && (c->exit_with_parent || c->foreground))
+    err = c->foreground ? "--foreground and --fork contradict each other"
+                        : "--exit-with-parent keeps the server in the "
+                          "foreground: no --fork with it";
   else if (c->run.cmd && c->run.fork)
     err = "--run keeps the server in the foreground: no --fork with it";
   else if (c->check_config && (c->run.cmd || c->run.fork || c->co.control))
@@ -405,15 +447,30 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
       {"run", required_argument, NULL, OPT_RUN},
       {"fork", no_argument, NULL, OPT_FORK},
+      {"foreground", no_argument, NULL, OPT_FOREGROUND},
+      {"no-fork", no_argument, NULL, OPT_FOREGROUND},
+      {"exit-with-parent", no_argument, NULL, OPT_EXIT_WITH_PARENT},
+      {"single", no_argument, NULL, 's'},
+      {"stdin", no_argument, NULL, 's'},
+      {"export-name", required_argument, NULL, 'e'},
+      {"export", required_argument, NULL, 'e'},
+      {"exportname", required_argument, NULL, 'e'},
+      {"threads", required_argument, NULL, 't'},
+      {"dump-config", no_argument, NULL, OPT_DUMP_CONFIG},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   struct option lo[CLI_MAX_LONGOPTS];
   char so[64];
-  cli_opts_tables(&c->co, own, "u:p:b:rUc:B:h", lo, so);
+  cli_opts_tables(&c->co, own, "u:p:b:rUc:B:se:t:h", lo, so);
+  if (serve_nbdkit_argv(argc, argv) < 0)
+    return -1;
   int ch;
   while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
-    if (ch == 'h') {
-      usage(stdout, c);
+    if (ch == 'h' || ch == OPT_DUMP_CONFIG) {
+      if (ch == 'h')
+        usage(stdout, c);
+      else
+        serve_nbdkit_dump_config(stdout);
       exit(0);
     }
     if (one_option(c, ch, optarg) < 0)
@@ -466,6 +523,12 @@ int serve_main(int argc, char **argv) {
   int ret = 1; /* usage errors exit 1, as qemu-img's do */
   if (parse_opts(argc, argv, &c) < 0)
     goto out;
+  if (c.exit_with_parent && serve_nbdkit_exit_with_parent() < 0)
+    goto out;
+  /* Captive, the server is quiet as nbdkit's: the command's output is
+   * what the user reads. */
+  if (c.run.cmd && !c.co.log_chosen)
+    log_threshold = LOG_LEVEL_WARN;
   c.so.open = &c.co.open;
   c.so.workers = c.co.workers;
   /* The control socket, with the checkpoint verbs (server/). */

@@ -48,6 +48,9 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o);
 /* Whether ARG is a -D NAME.FLAG=N setting: 0, or -EINVAL with a message in
  * bd_errmsg(); for command lines to refuse a bad one at once. */
 int plugin_check_debug_flag(const char *arg);
+/* Where a plugin named without a path is looked for (nbdkit's plugindir),
+ * NULL in a build without the plugin host. */
+const char *plugin_dir(void);
 /* Ceph RBD images, rbd:POOL/IMAGE[@SNAP][:KEY=VALUE]... (rbd-spec.h),
  * through librbd.  Options: timeout=S (seconds a cluster operation may
  * take before failing with EIO; 0 waits forever), lock=MODE (what opening

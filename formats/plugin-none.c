@@ -14,3 +14,7 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o) {
   feature_missing(FEATURE_PLUGINS);
   return NULL;
 }
+
+const char *plugin_dir(void) {
+  return NULL;
+}

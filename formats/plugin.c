@@ -1010,3 +1010,7 @@ struct bd *plugin_source_open(const char *spec, const struct bd_open_opts *o) {
   }
   return bd;
 }
+
+const char *plugin_dir(void) {
+  return BLOCKPORT_NBDKIT_PLUGINDIR;
+}
