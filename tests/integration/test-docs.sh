@@ -68,3 +68,17 @@ grep -q "To let other machines in" <<<"$prose" || fail_soft "quickstart.sh: does
 grep -E '^  build/blockport serve ' <<<"$msg" | grep -v -- '--bind 127' | grep -- '--allow' >/dev/null ||
     fail_soft "quickstart.sh: no example command serving other machines (with --allow)"
 ok "$serve"
+
+########################################################################
+check "the README's serve table lists every option serve --help lists"
+# Long options only: a short one always has its long twin in both.
+help_opts=$("$BLOCKPORT" serve --help | grep -oE '^ +(-[a-zA-Z], )?--[a-z0-9-]+' |
+    grep -oE -- '--[a-z0-9-]+' | grep -vx -- --help | sort -u)
+table=$(awk '/^### `blockport serve/ { on = 1; next } /^### / { on = 0 } on' "$ROOT/README.md" |
+    grep '^| `' | cut -d'|' -f2 | grep -oE -- '--[a-z0-9-]+' | sort -u)
+[[ $(wc -l <<<"$help_opts") -ge 40 ]] || fail "serve --help: only $(wc -l <<<"$help_opts") options found"
+missing=$(comm -23 <(echo "$help_opts") <(echo "$table"))
+extra=$(comm -13 <(echo "$help_opts") <(echo "$table"))
+[[ -z $missing ]] || fail_soft "README's serve table lacks:" $missing
+[[ -z $extra ]] || fail_soft "README's serve table has options serve --help does not:" $extra
+ok "$(wc -l <<<"$help_opts") options in both"
