@@ -195,6 +195,15 @@ for mode in "${modes[@]}"; do
     expect_exactly "--output=j" --output=json -- info --output=j
     expect_exactly "--repair" leaks all -- check --repair ""
     expect_exactly "--rbd-lock" fail wait none -- serve --rbd-lock ""
+    expect_exactly "--preallocation" off metadata falloc full -- resize --preallocation ""
+    expect_exactly "--metrics" 127.0.0.1:9100 "[::1]:9100" -- serve --metrics ""
+    # -o KEY=VALUE,...: bash splits the words at '='.
+    expect_exactly "create -o (raw)" preallocation= size= -- create -o ""
+    expect_exactly "create -o (qcow2)" compat= compression_type= -- create -f qcow2 -o comp
+    expect_exactly "-o after a comma" 1.1,lazy_refcounts= -- create -f qcow2 -o compat = 1.1,la
+    expect_exactly "-o a bool's values" on off -- create -f qcow2 -o lazy_refcounts = ""
+    expect_exactly "-o allowed values" off metadata falloc full -- convert -O qcow2 -o preallocation = ""
+    expect_exactly "-o compat" 0.10 1.1 -- measure -O qcow2 -o cluster_size = 64k,compat = ""
     expect_exactly "--log-level" error warn info debug -- mount --log-level ""
     # A value nothing can guess: nothing, rather than files.
     for w in "serve --port" "serve -w" "mount -t" "vhost -q" "convert -m" "serve --allow"; do
@@ -203,7 +212,7 @@ for mode in "${modes[@]}"; do
         # shellcheck disable=SC2086
         expect_exactly "no value for ${w#* }" -- $w ""
     done
-    ok "formats, cache and AIO modes, --tls, --output, --repair; nothing for numbers"
+    ok "formats, cache and AIO modes, --tls, --output, --repair, -o, --preallocation, --metrics; nothing for numbers"
 
     ####################################################################
     check "$mode: export names from the --config file on the line"
