@@ -67,6 +67,12 @@ grep -q "this machine only" <<<"$prose" || fail_soft "quickstart.sh: does not sa
 grep -q "To let other machines in" <<<"$prose" || fail_soft "quickstart.sh: does not say how to open it up"
 grep -E '^  build/blockport serve ' <<<"$msg" | grep -v -- '--bind 127' | grep -- '--allow' >/dev/null ||
     fail_soft "quickstart.sh: no example command serving other machines (with --allow)"
+# A shared machine: the socket and the mount point are the user's own,
+# and the message says how to unmount.
+grep -q -- '--unix "$SOCK"' "$qs" && grep -q 'SOCK=.*$(id -u)' "$qs" ||
+    fail_soft "quickstart.sh: the Unix socket is not per user"
+grep -E '^  fusermount3 -u ' <<<"$msg" >/dev/null ||
+    fail_soft "quickstart.sh: does not say how to unmount"
 ok "$serve"
 
 ########################################################################
