@@ -12,6 +12,7 @@
 #include "core/pool.h"
 #include "core/stats.h"
 #include "core/version.h"
+#include "metrics-process.h"
 #include "nbd-protocol.h"
 
 #define RELAXED memory_order_relaxed
@@ -287,6 +288,33 @@ static void put_seconds(struct out *o, uint64_t ns) {
       (unsigned long long)(ns % 1000000000u));
 }
 
+/* One of Prometheus' standard process_* metrics (no prefix). */
+static void put_process(struct out *o, const char *name, const char *type,
+                        const char *help, uint64_t v) {
+  put(o, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name,
+      (unsigned long long)v);
+}
+
+static void render_process_figures(struct out *o) {
+  struct metrics_process p;
+  if (metrics_process_read(&p) < 0)
+    return;
+  put(o,
+      "# HELP process_cpu_seconds_total User and system CPU time spent "
+      "in seconds.\n# TYPE process_cpu_seconds_total counter\n"
+      "process_cpu_seconds_total %llu.%06llu\n",
+      (unsigned long long)(p.cpu_us / 1000000u),
+      (unsigned long long)(p.cpu_us % 1000000u));
+  put_process(o, "process_resident_memory_bytes", "gauge",
+              "Resident memory size in bytes.", p.resident_bytes);
+  put_process(o, "process_virtual_memory_bytes", "gauge",
+              "Virtual memory size in bytes.", p.virtual_bytes);
+  put_process(o, "process_open_fds", "gauge",
+              "Number of open file descriptors.", p.open_fds);
+  put_process(o, "process_max_fds", "gauge",
+              "Maximum number of open file descriptors.", p.max_fds);
+}
+
 static void render_process(const struct metrics *m, struct out *o) {
   put_header(o, "build_info", "gauge",
              "Always 1; the version of the running blockport as a label.");
@@ -299,6 +327,7 @@ static void render_process(const struct metrics *m, struct out *o) {
          "# TYPE process_start_time_seconds gauge\n"
          "process_start_time_seconds ");
   put_seconds(o, m->start_ns);
+  render_process_figures(o);
 }
 
 static void render_server(const struct metrics *m, struct out *o) {
@@ -377,7 +406,9 @@ static void render_exports(const struct metrics *m, struct out *o) {
   render_per_export(m, o, "export_connections", "gauge",
                     "Connections in transmission on each export.", v_conns,
                     false);
-  render_per_export(m, o, "export_connections_total", "counter",
+  /* Not export_connections_total: OpenMetrics would read that as the
+   * counter of the gauge's family above. */
+  render_per_export(m, o, "export_connections_opened_total", "counter",
                     "Connections that chose each export.", v_conns_total,
                     false);
 }

@@ -110,7 +110,7 @@ expect "$m" "$(cmd_sample request_duration_seconds_count flush)" "$flushes"
 expect "$m" 'blockport_requests_in_flight{export="mem"}' 0
 expect "$m" 'blockport_requests_in_flight_bytes{export="mem"}' 0
 expect "$m" 'blockport_export_connections{export="mem"}' 0
-conns=$(value "$m" 'blockport_export_connections_total{export="mem"}')
+conns=$(value "$m" 'blockport_export_connections_opened_total{export="mem"}')
 ((conns >= 1)) || fail "$conns connections to mem"
 ok "2048 writes, 8 MiB, $flushes flushes"
 
@@ -145,7 +145,7 @@ expect "$m" "$(cmd_sample request_duration_seconds_count read)" 2048
 expect "$m" "$(cmd_sample requests_total write)" 2048
 # fio connects once to learn the size, then for the job.
 expect "$m" blockport_connections_accepted_total \
-    "$(value "$m" 'blockport_export_connections_total{export="mem"}')"
+    "$(value "$m" 'blockport_export_connections_opened_total{export="mem"}')"
 expect "$m" blockport_connections 0
 # The histogram's buckets are cumulative.
 awk '/^blockport_request_duration_seconds_bucket\{export="mem",cmd="read"/ {
