@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -299,26 +300,31 @@ static void reloader_poke(struct reloader *r, bool stop) {
 
 /* ---- listening ---- */
 
-/* Only a socket left by a server that is gone is replaced. */
-static int clear_path(const char *path, const struct sockaddr_un *sa) {
+/* Only a socket left by a server that is gone is replaced.  WHO names
+ * the socket in messages ("--unix PATH"). */
+static int clear_path(const char *who, const char *path,
+                      const struct sockaddr_un *sa) {
   int r = unix_socket_remove_stale(path, sa);
   if (r == -ENOTSOCK)
-    log_error("%s exists and is not a socket; not replacing it", path);
+    log_error("%s: exists and is not a socket; not replacing it", who);
   else if (r < 0)
-    log_error("%s: another server is listening there", path);
+    log_error("%s: another server is listening there", who);
   return r;
 }
 
-int server_listen_unix(const char *path, int mode) {
+int server_listen_unix(const char *opt, const char *path, int mode) {
+  char who[PATH_MAX + 32];
+  snprintf(who, sizeof who, "%s%s%s", opt ? opt : "", opt ? " " : "", path);
   struct sockaddr_un sa;
   if (!unix_socket_addr(path, &sa)) {
-    log_error("socket path too long: %s", path);
+    log_error("%s: socket path too long (at most %zu bytes)", who,
+              sizeof sa.sun_path - 1);
     return -1;
   }
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
-  if (clear_path(path, &sa) < 0) {
+  if (clear_path(who, path, &sa) < 0) {
     close(fd);
     return -1;
   }
@@ -326,7 +332,8 @@ int server_listen_unix(const char *path, int mode) {
   if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
       (mode >= 0 && chmod(path, (mode_t)mode) < 0) ||
       listen(fd, SOMAXCONN) < 0) {
-    log_error("%s: %s", path, strerror(errno));
+    log_error("%s: %s", who,
+              errno == ENOENT ? "no such directory" : strerror(errno));
     close(fd);
     return -1;
   }
@@ -360,44 +367,70 @@ static bool no_ipv6_here(const struct addrinfo *ai, int err) {
           err == EPROTONOSUPPORT);
 }
 
-/* Listen on every address ADDR (NULL: the IPv4 and IPv6 wildcards) has
- * for PORT.  Every one must work: a server that says "ready" while one of
- * its addresses belongs to another program would send that program's
- * clients away.  Returns the number of sockets in FDS, or -1 (logged). */
-static int listen_tcp(const char *addr, const char *port, int *fds, int max) {
+/* Where the TCP sockets go, as the options said: ADDR (NULL: the IPv4
+ * and IPv6 wildcards) and PORT, which may be the default. */
+struct tcp_where {
+  const char *addr, *port;
+  bool port_default;
+};
+
+/* Why AI could not listen (ERR), naming the option to change: --bind
+ * for an address this host does not have, else --port. */
+static void log_listen_failure(const struct tcp_where *w,
+                               const struct addrinfo *ai, int err) {
+  bool v6 = ai->ai_family == AF_INET6;
+  char host[NI_MAXHOST] = "?";
+  getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof host, NULL, 0,
+              NI_NUMERICHOST);
+  if (w->addr && err != EADDRINUSE && err != EACCES)
+    log_error("--bind %s: cannot listen on %s%s%s port %s: %s", w->addr,
+              v6 ? "[" : "", host, v6 ? "]" : "", w->port, strerror(err));
+  else
+    log_error("--port %s%s: cannot listen on %s%s%s: %s", w->port,
+              w->port_default ? " (the default)" : "", v6 ? "[" : "", host,
+              v6 ? "]" : "", strerror(err));
+}
+
+/* Resolve W: its addresses in *RES, or -1 (logged, naming the option). */
+static int resolve_tcp(const struct tcp_where *w, struct addrinfo **res) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC,
                            .ai_socktype = SOCK_STREAM,
                            .ai_flags = AI_PASSIVE | AI_ADDRCONFIG};
+  int r = getaddrinfo(w->addr, w->port, &hints, res);
+  if (r == 0)
+    return 0;
+  if (w->addr)
+    log_error("--bind %s: %s", w->addr, gai_strerror(r));
+  else
+    log_error("--port %s: %s", w->port, gai_strerror(r));
+  return -1;
+}
+
+/* Listen on every address of W.  Every one must work: a server that says
+ * "ready" while one of its addresses belongs to another program would
+ * send that program's clients away.  Returns the number of sockets in
+ * FDS, or -1 (logged). */
+static int listen_tcp(const struct tcp_where *w, int *fds, int max) {
   struct addrinfo *res;
-  int r = getaddrinfo(addr, port, &hints, &res);
-  if (r != 0) {
-    log_error("%s port %s: %s", addr ? addr : "*", port, gai_strerror(r));
+  if (resolve_tcp(w, &res) < 0)
     return -1;
-  }
   int n = 0;
   bool failed = false;
   for (struct addrinfo *ai = res; ai && !failed; ai = ai->ai_next) {
     int fd = n < max ? listen_one(ai) : -EMFILE;
     if (fd >= 0) {
       fds[n++] = fd;
-      continue;
-    }
-    bool v6 = ai->ai_family == AF_INET6;
-    char host[NI_MAXHOST] = "?";
-    getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof host, NULL, 0,
-                NI_NUMERICHOST);
-    if (!addr && no_ipv6_here(ai, -fd)) {
-      log_warn("cannot listen on [%s] port %s: %s; IPv4 only", host, port,
+    } else if (!w->addr && no_ipv6_here(ai, -fd)) {
+      log_warn("cannot listen on [::] port %s: %s; IPv4 only", w->port,
                strerror(-fd));
-      continue;
+    } else {
+      log_listen_failure(w, ai, -fd);
+      failed = true;
     }
-    log_error("cannot listen on %s%s%s port %s: %s", v6 ? "[" : "", host,
-              v6 ? "]" : "", port, strerror(-fd));
-    failed = true;
   }
   freeaddrinfo(res);
   if (!failed && n == 0)
-    log_error("%s port %s: no address to listen on", addr ? addr : "*", port);
+    log_error("--bind %s: no address to listen on", w->addr ? w->addr : "*");
   if (failed || n == 0) {
     for (int i = 0; i < n; i++)
       close(fds[i]);
@@ -505,15 +538,23 @@ static void describe_listeners(const int *lfds, int nl, char *out, size_t len) {
   }
 }
 
-/* --metrics on the port the NBD server listens on cannot bind (the
- * kernel sees the overlap); say so plainly. */
-static void explain_metrics_failure(const struct serve_opts *o) {
+/* Start the metrics page, or say in one line why not: on the port the
+ * NBD server listens on it cannot bind (the kernel sees the overlap). */
+static struct metrics_http *start_metrics(const struct serve_opts *o,
+                                          struct metrics *m) {
+  struct metrics_http *h = metrics_http_start(o->metrics, m);
   char host[256], mport[8];
+  if (h)
+    return h;
   if (o->port &&
       metrics_http_parse_addr(o->metrics, host, sizeof host, mport,
                               sizeof mport) &&
       atoi(mport) == atoi(o->port))
-    log_error("--metrics %s: port %s is the NBD port", o->metrics, o->port);
+    log_error("--metrics %s: port %s is the NBD port (--port)", o->metrics,
+              o->port);
+  else
+    log_error("%s", bd_errmsg());
+  return NULL;
 }
 
 /* Tell systemd (Type=notify) that clients can connect now. */
@@ -707,8 +748,9 @@ struct run {
   int lfds[MAX_LISTENERS], nl;
   int activated; /* listeners from systemd, at the front of lfds */
   bool bound_unix;
-  int sfd;       /* signals */
-  int single_fd; /* -s: the client's socket until it is served, or -1 */
+  bool port_default; /* no --port, no --unix, no systemd: 10809 */
+  int sfd;           /* signals */
+  int single_fd;     /* -s: the client's socket until it is served, or -1 */
   struct metrics_http *mhttp;
   struct checkpoints *ctl;
 };
@@ -755,14 +797,15 @@ static int run_listen(struct run *r) {
   if (o->single)
     return take_stdin(r);
   if (o->unix_path) {
-    if ((r->lfds[r->nl] = server_listen_unix(o->unix_path, o->unix_mode)) < 0)
+    r->lfds[r->nl] = server_listen_unix("--unix", o->unix_path, o->unix_mode);
+    if (r->lfds[r->nl] < 0)
       return -1;
     r->nl++;
     r->bound_unix = true;
   }
   if (o->port) {
-    int n = listen_tcp(o->bind_addr, o->port, r->lfds + r->nl,
-                       MAX_LISTENERS - r->nl);
+    struct tcp_where w = {o->bind_addr, o->port, r->port_default};
+    int n = listen_tcp(&w, r->lfds + r->nl, MAX_LISTENERS - r->nl);
     if (n < 0)
       return -1;
     r->nl += n;
@@ -780,7 +823,7 @@ static void log_tls(const struct server *srv, const struct serve_opts *o) {
            o->tls_psk ? "pre-shared keys" : "");
 }
 
-/* Exports, addresses, metrics, workers, the control socket: everything
+/* Addresses, metrics, exports, workers, the control socket: everything
  * before "ready".  Returns 0, or -1 (logged). */
 static int run_start(struct run *r) {
   struct server *srv = &r->srv;
@@ -791,16 +834,13 @@ static int run_start(struct run *r) {
     log_error("--metrics: out of memory");
     return -1;
   }
-  /* Every address first, metrics last: nothing is served unless all of
-   * them could be bound. */
-  if (exports_open(srv, &r->cf, o) < 0 || run_listen(r) < 0)
+  /* Every address first, so a mistyped --bind or --unix fails before any
+   * image is opened (or locked); nothing is accepted before "ready", and
+   * nothing is served unless all of them could be bound. */
+  if (run_listen(r) < 0 ||
+      (o->metrics && !(r->mhttp = start_metrics(o, srv->metrics))) ||
+      exports_open(srv, &r->cf, o) < 0)
     return -1;
-  if (o->metrics &&
-      !(r->mhttp = metrics_http_start(o->metrics, srv->metrics))) {
-    log_error("%s", bd_errmsg());
-    explain_metrics_failure(o);
-    return -1;
-  }
   if (bd_pool_start(o->workers) < 0) {
     log_error("cannot start the worker pool");
     return -1;
@@ -923,7 +963,8 @@ int server_run(const struct serve_opts *opts) {
   r.nl = r.activated;
   if (notify_init() < 0)
     log_warn("%s; not notifying systemd", bd_errmsg());
-  if (!r.activated && !r.o.unix_path && !r.o.port && !r.o.single)
+  r.port_default = !r.activated && !r.o.unix_path && !r.o.port && !r.o.single;
+  if (r.port_default)
     r.o.port = "10809";
   r.sfd = take_signals();
   int ret = run_start(&r) < 0 ? 1 : run_serve(&r);

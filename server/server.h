@@ -162,8 +162,9 @@ int server_check(const struct serve_opts *o, server_show_fn *show,
 void server_init(struct server *srv, const struct serve_opts *o,
                  struct config *cf);
 /* A Unix socket listening at PATH (MODE, -1: the umask's); a stale socket
- * there is replaced, anything else refused.  The fd, or -1 (logged). */
-int server_listen_unix(const char *path, int mode);
+ * there is replaced, anything else refused.  The fd, or -1 (logged,
+ * naming option OPT, if not NULL, before the path). */
+int server_listen_unix(const char *opt, const char *path, int mode);
 /* Accept clients on LFDS (NL of them) until EVENT(OPAQUE), called when EVFD
  * is readable, returns true.  0, or -1 when poll failed (logged). */
 typedef bool server_event_fn(void *opaque);

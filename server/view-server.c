@@ -86,7 +86,8 @@ struct view_server *view_server_start(const char *unix_path) {
     return NULL;
   }
   vs->evfd = eventfd(0, EFD_CLOEXEC);
-  if (vs->evfd < 0 || (vs->lfd = server_listen_unix(vs->path, 0600)) < 0) {
+  if (vs->evfd < 0 ||
+      (vs->lfd = server_listen_unix(NULL, vs->path, 0600)) < 0) {
     bd_set_error("%s: %s", unix_path,
                  vs->evfd < 0 ? strerror(errno)
                               : "cannot listen (see the log)");

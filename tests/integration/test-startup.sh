@@ -107,7 +107,7 @@ for addr in 0.0.0.0 ::; do
     expect_startup_failure "port $HELD taken on $addr only" \
         --port "$HELD" --pid-file "$T/p9" "memory:1M"
     [[ $STARTUP_RC -eq 1 ]] || fail "exit status $STARTUP_RC, expected 1"
-    grep -q "cannot listen on .* port $HELD: Address already in use" "$T/err.out" ||
+    grep -q -- "--port $HELD: cannot listen on .*: Address already in use" "$T/err.out" ||
         fail "no message naming the address"
     ! grep -q "info: ready" "$T/err.out" || fail "ready although $addr is taken"
     [[ ! -e $T/p9 ]] || fail "pid file written although $addr is taken"
