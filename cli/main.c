@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "core/blockdev.h"
 #include "core/features.h"
+#include "core/filelock.h"
 #include "core/open.h"
 #include "core/version.h"
 #include "formats/registry.h"
@@ -15,23 +16,25 @@ static const struct command {
   const char *name;
   int (*main)(int argc, char **argv);
   const char *summary;
+  bool force_share; /* has -U/--force-share (core/filelock.h) */
 } commands[] = {
-    {"serve", serve_main, "serve images over NBD"},
+    {"serve", serve_main, "serve images over NBD", true},
     {"mount", mount_main, "mount an image or NBD export as a file (FUSE)"},
     {"vhost", vhost_main, "serve an image to QEMU as vhost-user-blk"},
     {"ctl", ctl_main, "send a command to a running serve, vhost or mount"},
     /* Image tools: keep in the order `qemu-img` users know. */
-    {"check", check_main, "check (and repair) a qcow2 image's refcounts"},
+    {"check", check_main, "check (and repair) a qcow2 image's refcounts", true},
     {"create", create_main, "create a raw or qcow2 image, or an RBD image"},
-    {"info", info_main, "show facts about an image"},
-    {"map", map_main, "show where an image's data lives"},
+    {"info", info_main, "show facts about an image", true},
+    {"map", map_main, "show where an image's data lives", true},
     {"convert", convert_main,
-     "copy an image into a new raw or qcow2 file or RBD image"},
-    {"compare", compare_main, "whether two images hold the same bytes"},
+     "copy an image into a new raw or qcow2 file or RBD image", true},
+    {"compare", compare_main, "whether two images hold the same bytes", true},
     {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
     {"bitmap", bitmap_main, "change the persistent bitmaps of a qcow2 image"},
-    {"measure", measure_main, "how large a new raw or qcow2 image would be"},
-    {"dd", dd_main, "copy part of an image into a new one, as dd"},
+    {"measure", measure_main, "how large a new raw or qcow2 image would be",
+     true},
+    {"dd", dd_main, "copy part of an image into a new one, as dd", true},
 };
 
 static void usage(FILE *f) {
@@ -79,6 +82,8 @@ static int run_command(const struct command *c, int argc, char **argv) {
   char name[64];
   snprintf(name, sizeof name, "blockport %s", c->name);
   argv[0] = name;
+  if (c->force_share)
+    filelock_share_hint = "-U/--force-share";
   return c->main(argc, argv);
 }
 

@@ -80,6 +80,22 @@ int filelock_take(int fd, const char *path, enum filelock_use use,
   return filelock_take_perms(fd, path, perm, unshared);
 }
 
+const char *filelock_share_hint;
+
+/* The message for a lock PATH could not take.  A READER that does not
+ * share may be pointed at sharing: it cannot hurt the writer's image. */
+static void refused(const char *path, const char *shared, const char *perm,
+                    bool reader) {
+  if (reader && filelock_share_hint)
+    bd_set_error("%s: Failed to get %s\"%s\" lock: is another process using "
+                 "the image? (%s reads it all the same)",
+                 path, shared, perm, filelock_share_hint);
+  else
+    bd_set_error("%s: Failed to get %s\"%s\" lock: is another process using "
+                 "the image?",
+                 path, shared, perm);
+}
+
 int filelock_take_perms(int fd, const char *path, unsigned perm,
                         unsigned unshared) {
   /* As QEMU: take our bytes first, then look at the other side's, so two
@@ -112,9 +128,8 @@ int filelock_take_perms(int fd, const char *path, unsigned perm,
     bd_set_error("%s: cannot test the image's locks: %s", path, strerror(-err));
     return err;
   }
-  bd_set_error("%s: Failed to get %s\"%s\" lock: is another process using "
-               "the image?",
-               path, shared, perm_names[i]);
+  refused(path, shared, perm_names[i],
+          !(perm & FILELOCK_WRITE) && unshared != 0);
   return -EBUSY;
 }
 

@@ -36,11 +36,18 @@ enum filelock_use {
   FILELOCK_USE_SHARED,
 };
 
+/* The option that lets a reader open an image beside a writer, for the
+ * message of a reader refused ("-U/--force-share" where the command has
+ * it); NULL (the default): the message suggests nothing.  Set before
+ * any thread starts. */
+extern const char *filelock_share_hint;
+
 /* Take the locks of USE on FD (the image at PATH, for messages).  RESIZE
  * adds the resize permission to a writer (formats that grow their file).
  * Returns 0, or -EBUSY when another open file holds what USE cannot share
  * (message "PATH: Failed to get ... lock: is another process using the
- * image?" in bd_errmsg()), or -errno; on failure no lock is left held.
+ * image?", with filelock_share_hint for a reader, in bd_errmsg()), or
+ * -errno; on failure no lock is left held.
  * Files on which the system has no byte locks (ENOLCK, EINVAL) are used
  * without them, as QEMU does. */
 int filelock_take(int fd, const char *path, enum filelock_use use, bool resize);
