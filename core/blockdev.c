@@ -17,34 +17,33 @@
 
 /* ---- sizes ---- */
 
+/* The shift of suffix S ("", "k", "M", "GiB", "TB"...), or -1. */
+static int suffix_shift(const char *s) {
+  static const char units[] = "KMGTPE";
+  if (!*s)
+    return 0;
+  const char *u = strchr(units, toupper((unsigned char)*s));
+  if (toupper((unsigned char)*s) == 'B')
+    return s[1] ? -1 : 0;
+  if (!u || !*u)
+    return -1;
+  s++;
+  if (s[0] == 'i' && s[1] == 'B')
+    s += 2;
+  else if (toupper((unsigned char)*s) == 'B')
+    s++;
+  return *s ? -1 : 10 * (int)(u - units + 1);
+}
+
 int bd_parse_size(const char *s, uint64_t *out) {
   if (!s || !isdigit((unsigned char)*s))
     return -EINVAL;
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno)
+  int shift = suffix_shift(end);
+  if (errno || shift < 0)
     return -EINVAL;
-  unsigned shift = 0;
-  if (*end) {
-    switch (toupper((unsigned char)*end)) {
-    case 'B': shift = 0; break;
-    case 'K': shift = 10; break;
-    case 'M': shift = 20; break;
-    case 'G': shift = 30; break;
-    case 'T': shift = 40; break;
-    case 'P': shift = 50; break;
-    case 'E': shift = 60; break;
-    default: return -EINVAL;
-    }
-    end++;
-    if (shift && *end == 'i' && end[1] == 'B')
-      end += 2;
-    else if (toupper((unsigned char)*end) == 'B' && shift)
-      end++;
-    if (*end)
-      return -EINVAL;
-  }
   if (shift && v > (UINT64_MAX >> shift))
     return -EINVAL;
   /* Sizes beyond INT64_MAX cannot be offsets for pread/lseek. */
@@ -52,6 +51,21 @@ int bd_parse_size(const char *s, uint64_t *out) {
     return -EINVAL;
   *out = (uint64_t)v << shift;
   return 0;
+}
+
+const char *bd_size_problem(const char *s, char *buf, size_t len) {
+  const char *end = s;
+  while (isdigit((unsigned char)*end))
+    end++;
+  if (end == s)
+    snprintf(buf, len,
+             "expected a number, with k, M, G, T, P or E after it "
+             "for a multiple of 1024");
+  else if (suffix_shift(end) < 0)
+    snprintf(buf, len, "unknown suffix '%s' (use k, M, G, T, P or E)", end);
+  else
+    snprintf(buf, len, "too large: at most 8E - 1 bytes");
+  return buf;
 }
 
 /* ---- extents ---- */

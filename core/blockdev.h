@@ -411,6 +411,9 @@ struct bd_split bd_split_piece(uint64_t off, uint64_t len, uint64_t max,
 
 /* Parse "1G", "512k", "4096" (binary suffixes). Returns 0 or -EINVAL. */
 int bd_parse_size(const char *s, uint64_t *out);
+/* Why bd_parse_size() refused S (not NULL), for a message, in BUF ("unknown
+ * suffix 'Q' (use k, M, G, T, P or E)").  Returns BUF. */
+const char *bd_size_problem(const char *s, char *buf, size_t len);
 
 /* Largest request the core accepts for READ/WRITE. */
 #define BD_MAX_IO (32u * 1024 * 1024)

@@ -190,9 +190,12 @@ bool memory_is_spec(const char *spec) {
 struct bd *memory_open(const char *spec, const struct bd_open_opts *o) {
   (void)o;
   const char *size = spec + 7;
-  uint64_t sz;
-  if (bd_parse_size(size, &sz) < 0 || sz > MEMORY_MAX_SIZE) {
-    bd_set_error("memory: invalid size '%s' (at most 1P)", size);
+  uint64_t sz = 0;
+  char why[96];
+  int r = bd_parse_size(size, &sz);
+  if (r < 0 || sz > MEMORY_MAX_SIZE) {
+    bd_set_error("memory: invalid size '%s': %s", size,
+                 r < 0 ? bd_size_problem(size, why, sizeof why) : "at most 1P");
     return NULL;
   }
   struct memdev *m = calloc(1, sizeof *m);

@@ -58,7 +58,9 @@ struct bd *null_open(const char *spec, const struct bd_open_opts *o) {
   const char *size = spec + 5;
   uint64_t sz;
   if (bd_parse_size(size, &sz) < 0) {
-    bd_set_error("null: invalid size '%s'", size);
+    char why[96];
+    bd_set_error("null: invalid size '%s': %s", size,
+                 bd_size_problem(size, why, sizeof why));
     return NULL;
   }
   struct bd *bd = bd_new(&null_ops, "null", "null device");

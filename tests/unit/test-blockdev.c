@@ -117,6 +117,20 @@ Test(parse_size, byte_suffix_has_no_long_form) {
   size_bad("1BiB");
 }
 
+/* What a message says about a size refused: the suffix it did not know,
+ * a missing number, or a size too large. */
+Test(parse_size, problem_names_the_suffix) {
+  char buf[96];
+  cr_assert_str_eq(bd_size_problem("12Q", buf, sizeof buf),
+                   "unknown suffix 'Q' (use k, M, G, T, P or E)");
+  cr_assert_str_eq(bd_size_problem("1KBB", buf, sizeof buf),
+                   "unknown suffix 'KBB' (use k, M, G, T, P or E)");
+  cr_assert(strstr(bd_size_problem("abc", buf, sizeof buf), "a number"));
+  cr_assert(strstr(bd_size_problem("", buf, sizeof buf), "a number"));
+  cr_assert(
+      strstr(bd_size_problem("17179869184G", buf, sizeof buf), "too large"));
+}
+
 /* ---- bd_extents ---- */
 
 Test(extents, init_and_add) {
