@@ -776,8 +776,11 @@ static struct bd *open_backing(struct qcow2dev *q, const uint8_t *hdr,
   if (!b) { /* the reason, with where it comes from, goes to the caller */
     char why[512]; /* bd_errmsg()'s buffer is about to be rewritten */
     snprintf(why, sizeof why, "%s", bd_errmsg());
+    /* "base.qcow2: No such file", said once: the path is named here. */
+    size_t n = strlen(bpath);
+    bool named = !strncmp(why, bpath, n) && !strncmp(why + n, ": ", 2);
     bd_set_error("qcow2 %s: cannot open backing file %s: %s", q->path, bpath,
-                 why);
+                 named ? why + n + 2 : why);
   }
   free(bpath);
   return b;
