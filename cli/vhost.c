@@ -160,39 +160,59 @@ static int signal_fd(void) {
   return signalfd(-1, &set, SFD_CLOEXEC);
 }
 
+/* Serve the open BD on LSOCK (taken) until a signal on SFD.  Returns
+ * the exit status. */
+static int vhost_serve(struct vhost_opts *o, struct bd **bd, int lsock,
+                       int sfd) {
+  /* The control socket (with --views-unix, the disk behind a live device
+   * and the views' NBD socket), before the pid file says we are ready. */
+  struct disk_ckpt dc;
+  int r = -1;
+  if (disk_ckpt_start(&dc, &o->co, bd, o->vhu.readonly) < 0)
+    vhu_unlisten(lsock, o->vhu.socket_path);
+  else if ((r = vhu_serve(*bd, &o->vhu, lsock, sfd, write_pid_file,
+                          (void *)o->co.pid_file)) < 0)
+    log_error("%s", bd_errmsg());
+  disk_ckpt_stop(&dc);
+  int fr = bd_close(*bd);
+  if (fr < 0)
+    log_error("%s: flush on close: %s", o->source, strerror(-fr));
+  if (o->co.pid_file)
+    unlink(o->co.pid_file);
+  return r < 0 || fr < 0 ? 1 : 0;
+}
+
 static int vhost_run(struct vhost_opts *o) {
   int sfd = signal_fd();
   if (sfd < 0) {
     log_error("signalfd: %s", strerror(errno));
     return 1;
   }
-  if (bd_pool_start(o->co.workers) < 0) {
-    log_error("cannot start the worker pool");
+  /* The socket first: a mistyped --socket fails before the image is
+   * opened (or locked). */
+  int lsock = vhu_listen(o->vhu.socket_path);
+  if (lsock < 0) {
+    log_error("%s", bd_errmsg());
+    close(sfd);
     return 1;
   }
+  if (bd_pool_start(o->co.workers) < 0) {
+    log_error("cannot start the worker pool");
+    vhu_unlisten(lsock, o->vhu.socket_path);
+    close(sfd);
+    return 1;
+  }
+  int ret = 1;
   struct bd *bd = bd_open_with(o->source, &o->co.open);
   if (!bd) {
     log_error("%s: %s", o->source, bd_errmsg());
-    bd_pool_stop();
-    return 1;
+    vhu_unlisten(lsock, o->vhu.socket_path);
+  } else {
+    ret = vhost_serve(o, &bd, lsock, sfd);
   }
-  /* The control socket (with --views-unix, the disk behind a live device
-   * and the views' NBD socket), before the pid file says we are ready. */
-  struct disk_ckpt dc;
-  int r = -1;
-  if (disk_ckpt_start(&dc, &o->co, &bd, o->vhu.readonly) == 0 &&
-      (r = vhu_serve(bd, &o->vhu, sfd, write_pid_file,
-                     (void *)o->co.pid_file)) < 0)
-    log_error("%s", bd_errmsg());
-  disk_ckpt_stop(&dc);
-  int fr = bd_close(bd);
-  if (fr < 0)
-    log_error("%s: flush on close: %s", o->source, strerror(-fr));
   bd_pool_stop();
-  if (o->co.pid_file)
-    unlink(o->co.pid_file);
   close(sfd);
-  return r < 0 || fr < 0 ? 1 : 0;
+  return ret;
 }
 
 int vhost_main(int argc, char **argv) {

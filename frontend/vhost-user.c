@@ -807,10 +807,11 @@ static bool stale_socket(const char *path, const struct sockaddr_un *sa) {
   return stale;
 }
 
-static int listen_on(const char *path) {
+int vhu_listen(const char *path) {
   struct sockaddr_un sa;
   if (!unix_socket_addr(path, &sa)) {
-    bd_set_error("vhost: socket path too long: %s", path);
+    bd_set_error("--socket %s: socket path too long (at most %zu bytes)", path,
+                 sizeof sa.sun_path - 1);
     return -ENAMETOOLONG;
   }
   int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -819,12 +820,18 @@ static int listen_on(const char *path) {
   if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 ||
       listen(s, 1) < 0) {
     int e = errno;
-    bd_set_error("vhost: cannot listen on %s: %s", path, strerror(e));
+    bd_set_error("--socket %s: %s", path,
+                 e == ENOENT ? "no such directory" : strerror(e));
     if (s >= 0)
       close(s);
     return -e;
   }
   return s;
+}
+
+void vhu_unlisten(int lsock, const char *path) {
+  close(lsock);
+  unlink(path);
 }
 
 static int accept_one(int lsock, int stop_fd) {
@@ -844,16 +851,20 @@ static int accept_one(int lsock, int stop_fd) {
   }
 }
 
-int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
-              void (*ready)(void *), void *opaque) {
+int vhu_serve(struct bd *bd, const struct vhu_options *o, int lsock,
+              int stop_fd, void (*ready)(void *), void *opaque) {
+  struct vhu_dev *d = NULL;
+  int err = 0;
   if (!o->queues || o->queues > VHU_MAX_QUEUES) {
     bd_set_error("vhost: between 1 and %u queues", VHU_MAX_QUEUES);
-    return -EINVAL;
-  }
-  struct vhu_dev *d = calloc(1, sizeof *d);
-  if (!d) {
+    err = -EINVAL;
+  } else if (!(d = calloc(1, sizeof *d))) {
     bd_set_error("vhost: %s", strerror(ENOMEM));
-    return -ENOMEM;
+    err = -ENOMEM;
+  }
+  if (err) {
+    vhu_unlisten(lsock, o->socket_path);
+    return err;
   }
   d->o = o;
   vblk_dev_init(&d->blk, bd, o->readonly, (uint16_t)o->queues, 128, o->serial);
@@ -863,11 +874,6 @@ int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
     r->index = q;
     r->kick_fd = r->call_fd = r->stop_fd = -1;
     pthread_mutex_init(&r->call_lock, NULL);
-  }
-  int lsock = listen_on(o->socket_path);
-  if (lsock < 0) {
-    free(d);
-    return lsock;
   }
   log_info("vhost: serving %s (%llu bytes%s) on %s, %u queue(s)",
            bd->description, (unsigned long long)bd->size,
@@ -885,8 +891,7 @@ int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
     if (r != 0 || o->once)
       break;
   }
-  close(lsock);
-  unlink(o->socket_path);
+  vhu_unlisten(lsock, o->socket_path);
   for (unsigned q = 0; q < VHU_MAX_QUEUES; q++)
     pthread_mutex_destroy(&d->rings[q].call_lock);
   free(d);

@@ -30,11 +30,19 @@ struct vhu_options {
   bool once;          /* return after the first front end leaves */
 };
 
-/* Listen on o->socket_path and serve BD to front ends until STOP_FD
- * becomes readable (a signalfd, say).  READY, if not NULL, is called once
- * the socket accepts connections.  Returns 0, or -errno with bd_errmsg()
- * set. */
-int vhu_serve(struct bd *bd, const struct vhu_options *o, int stop_fd,
-              void (*ready)(void *), void *opaque);
+/* A socket listening at PATH for a front end (a stale socket there, one
+ * nobody answers on, is replaced), or -errno with bd_errmsg() set, naming
+ * the option ("--socket PATH: ..."). */
+int vhu_listen(const char *path);
+/* Close LSOCK and remove its socket file PATH. */
+void vhu_unlisten(int lsock, const char *path);
+
+/* Serve BD to the front ends that connect to LSOCK (vhu_listen()'s on
+ * o->socket_path, taken: closed and its file removed on return) until
+ * STOP_FD becomes readable (a signalfd, say).  READY, if not NULL, is
+ * called once clients are accepted.  Returns 0, or -errno with
+ * bd_errmsg() set. */
+int vhu_serve(struct bd *bd, const struct vhu_options *o, int lsock,
+              int stop_fd, void (*ready)(void *), void *opaque);
 
 #endif

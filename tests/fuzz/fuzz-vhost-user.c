@@ -171,7 +171,9 @@ static void ready(void *opaque) {
 static void *serve(void *arg) {
   struct server *s = arg;
   struct vhu_options o = {.socket_path = sock_path, .queues = 2, .once = true};
-  s->ret = vhu_serve(dev, &o, s->stop[0], ready, s);
+  int lsock = vhu_listen(sock_path);
+  CHECK(lsock >= 0);
+  s->ret = vhu_serve(dev, &o, lsock, s->stop[0], ready, s);
   return NULL;
 }
 

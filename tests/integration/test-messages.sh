@@ -1,7 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
 # The messages of common mistakes name the option or the file that caused
-# them (issue 31): a bad --bind or --unix, before any image is opened; a
+# them (issue 31): a bad --bind, --unix or vhost --socket, before any image is opened; a
 # --metrics port equal to the NBD port, in one line; a locked image, with
 # -U/--force-share suggested to readers only; an unknown size suffix; a
 # missing backing file, with the image that refers to it.
@@ -27,6 +27,11 @@ expect_msg "--bind" 1 '^blockport: error: --bind 999\.1\.1\.1: ' \
 expect_msg "--unix" 1 '^blockport: error: --unix nodir/s\.sock: no such directory$' \
     "$BLOCKPORT" serve --unix nodir/s.sock missing.qcow2
 ! grep -q missing.qcow2 err.txt || fail "the image was opened before the socket"
+if has_feature vhost; then
+    expect_msg "vhost --socket" 1 '^blockport: error: --socket nodir/v\.sock: no such directory$' \
+        "$BLOCKPORT" vhost --socket nodir/v.sock missing.qcow2
+    ! grep -q missing.qcow2 err.txt || fail "vhost opened the image before the socket"
+fi
 ok "the image was not opened"
 
 check "--metrics on the NBD port: one line"
