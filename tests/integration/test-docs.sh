@@ -88,3 +88,21 @@ extra=$(comm -13 <(echo "$help_opts") <(echo "$table"))
 [[ -z $missing ]] || fail_soft "README's serve table lacks:" $missing
 [[ -z $extra ]] || fail_soft "README's serve table has options serve --help does not:" $extra
 ok "$(wc -l <<<"$help_opts") options in both"
+
+########################################################################
+check "docs/CONFIG.md's error examples are what serve prints"
+mapfile -t said < <(sed -n '/^## Errors$/,/^## /p' "$ROOT/docs/CONFIG.md" | grep '^blockport')
+((${#said[@]} == 2)) || fail "CONFIG.md's Errors section: ${#said[@]} example lines, expected 2"
+truncate -s 1M "$T/a.raw"
+# Line 12: the misspelt key; lines 7 and 20: the export declared twice.
+{ for i in $(seq 10); do echo "# line $i"; done; printf '[export os]\nreadonly = yes\n'; } >"$T/bad1.conf"
+{ for i in $(seq 6); do echo "# line $i"; done
+  printf '[export scratch]\npath = %s\n' "$T/a.raw"
+  for i in $(seq 9 19); do echo "# line $i"; done
+  printf '[export scratch]\npath = %s\n' "$T/a.raw"; } >"$T/bad2.conf"
+for n in 1 2; do
+    got=$(cd "$T" && "$BLOCKPORT" serve --check-config --config bad$n.conf 2>&1 >/dev/null |
+        sed "s/bad$n\.conf/exports.conf/") || true # check-config exits 1
+    [[ $got == "${said[n - 1]}" ]] || fail_soft "CONFIG.md says '${said[n - 1]}', serve says '$got'"
+done
+ok "both examples, word for word"
