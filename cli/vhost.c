@@ -205,7 +205,7 @@ static int vhost_run(struct vhost_opts *o) {
   int ret = 1;
   struct bd *bd = bd_open_with(o->source, &o->co.open);
   if (!bd) {
-    log_error("%s: %s", o->source, bd_errmsg());
+    log_error("%s", bd_errmsg()); /* it names the source */
     vhu_unlisten(lsock, o->vhu.socket_path);
   } else {
     ret = vhost_serve(o, &bd, lsock, sfd);

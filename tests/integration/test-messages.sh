@@ -31,6 +31,9 @@ if has_feature vhost; then
     expect_msg "vhost --socket" 1 '^blockport: error: --socket nodir/v\.sock: no such directory$' \
         "$BLOCKPORT" vhost --socket nodir/v.sock missing.qcow2
     ! grep -q missing.qcow2 err.txt || fail "vhost opened the image before the socket"
+    # The image's name once, as serve and mount say it.
+    expect_msg "vhost, a missing image" 1 '^blockport: error: missing\.qcow2: No such file or directory$' \
+        "$BLOCKPORT" vhost --socket v.sock missing.qcow2
 fi
 ok "the image was not opened"
 
