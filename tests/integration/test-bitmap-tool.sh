@@ -156,7 +156,8 @@ for i in range(nb):
     q += (24 + ns + ex + 7) & ~7
 sys.exit(1)
 PYEOF
-names inuse.qcow2 | grep -q "^s 512 in-use" || fail "s is not in use"
+# Not grep -q: it may leave before the writer is done (pipefail).
+names inuse.qcow2 | grep "^s 512 in-use" >/dev/null || fail "s is not in use"
 for args in "--clear FILE s" "--enable FILE s" "--disable FILE s" "--merge a FILE s" \
     "--merge s FILE a" "--add FILE s" "--remove FILE s" "--add FILE t --merge s"; do
     # shellcheck disable=SC2086
