@@ -34,6 +34,7 @@ TEST_PACKAGES=(
   gnutls-bin                              # psktool, certtool: keys for the TLS tests
   systemd                                 # systemd-socket-activate: socket activation tests
   strace                                  # test-config.sh: --check-config opens images read-only
+  lintian                                 # package-check.sh: the .deb has no errors or warnings
   bash-completion                         # test-completion.sh: the completion with _filedir too
   groff-base man-db                       # test-man.sh: the pages format without warnings
   ceph-mon ceph-osd ceph-common           # contrib/ceph-cluster.sh: a throw-away test cluster

@@ -13,6 +13,13 @@ rm -rf build/pkg
 (cd build && cpack -G DEB -B "$PWD/pkg" >/dev/null)
 deb=$(ls build/pkg/blockport_*.deb)
 w=$(mktemp -d)
+# Debian's own judge: no error and no warning (install-deps.sh --tests
+# installs lintian; it says it runs as root, which CI does).
+echo "== lintian $deb"
+rc=0
+lintian --fail-on error,warning "$deb" >"$w/lintian" 2>&1 || rc=$?
+grep -v '^running with root privileges' "$w/lintian" || true
+[ $rc -eq 0 ] || { echo "package-check: lintian: errors or warnings (above)" >&2; exit 1; }
 # The maintainer scripts: there, executable (0755), and sh can parse them;
 # the /etc/blockport examples are conffiles.
 dpkg-deb -e "$deb" "$w/control"
@@ -52,6 +59,12 @@ getent passwd blockport >/dev/null ||
 [ -n "$user_before" ] || echo "== postinst created the user: $(getent passwd blockport)"
 getent group blockport >/dev/null ||
   { echo "package-check: no blockport group" >&2; exit 1; }
+[ "$(stat -c %U:%G /var/lib/blockport 2>/dev/null)" = blockport:blockport ] ||
+  { echo "package-check: /var/lib/blockport is not the service user's" >&2; exit 1; }
+for d in changelog.gz copyright README.md CONFIG.md METRICS.md CEPH.md; do
+  [ -f "/usr/share/doc/blockport/$d" ] ||
+    { echo "package-check: /usr/share/doc/blockport/$d not installed" >&2; exit 1; }
+done
 for f in blockport.conf exports.conf instance.conf.example; do
   [ -f "/etc/blockport/$f" ] ||
     { echo "package-check: /etc/blockport/$f not installed" >&2; exit 1; }

@@ -5,7 +5,8 @@
 # (/run/systemd/system, /var/lib/blockport) moved into a directory of
 # ours, so that each branch runs without root and without touching the
 # machine: postinst makes the user with systemd-sysusers, or with adduser
-# when there is none, and reloads systemd only when it runs; prerm stops
+# when there is none, makes the state directory for it, and reloads
+# systemd only when it runs; prerm stops
 # every blockport unit on removal and never fails; postrm reloads systemd,
 # and on purge removes the state directory only when it is empty.
 # (contrib/package-check.sh installs and purges the real package.)
@@ -15,7 +16,7 @@ DEB=$(readlink -f "$(dirname "$0")/../../contrib/debian")
 
 mkdir -p "$T/bin" "$T/scripts"
 # Stand-ins: each logs its name and arguments; STUB_FAIL makes it fail.
-for c in systemd-sysusers adduser systemctl getent; do
+for c in systemd-sysusers adduser systemctl getent deb-systemd-invoke; do
     cat >"$T/bin/$c" <<EOF
 #!/bin/sh
 echo "$c \$*" >>"$T/calls"
@@ -26,6 +27,15 @@ EOF
     chmod +x "$T/bin/$c"
 done
 ln -s "$(command -v rmdir)" "$T/bin/rmdir"
+ln -s "$(command -v mkdir)" "$T/bin/mkdir"
+# install -d ... DIR: logged, and DIR made (no chown without root).
+cat >"$T/bin/install" <<EOF
+#!/bin/sh
+echo "install \$*" >>"$T/calls"
+for a; do last=\$a; done
+mkdir -p "\$last"
+EOF
+chmod +x "$T/bin/install"
 
 for s in postinst prerm postrm; do
     [[ -x $DEB/$s ]] || fail "$s is not executable"
@@ -53,7 +63,9 @@ expect() { # DESCRIPTION WANT-RC WANT-CALLS
 
 check "postinst configure: the user, then systemd told (when it runs)"
 run_script postinst configure
-expect "with systemd-sysusers, no systemd" 0 "systemd-sysusers blockport.conf"
+expect "with systemd-sysusers, no systemd" 0 "systemd-sysusers blockport.conf
+install -d -m 0750 -o blockport -g blockport $T/var/lib/blockport"
+[[ -d $T/var/lib/blockport ]] || fail_soft "postinst: no state directory"
 mkdir -p "$T/run/systemd/system"
 run_script postinst configure
 expect "with systemd-sysusers and systemd" 0 "systemd-sysusers blockport.conf
@@ -74,16 +86,16 @@ run_script postinst configure STUB_FAIL=adduser
 [[ $RC -ne 0 ]] || fail_soft "postinst: a failed adduser went unnoticed"
 run_script postinst abort-upgrade
 expect "abort-upgrade" 0 ""
-ok "systemd-sysusers, else adduser --system; daemon-reload only under systemd"
+ok "systemd-sysusers, else adduser --system; the state directory; daemon-reload only under systemd"
 
 check "prerm: the units stopped on removal, and a failure ignored"
-stop="systemctl stop blockport.socket blockport.service blockport@*.service"
+stop="deb-systemd-invoke stop blockport.socket blockport.service blockport@*.service"
 for arg in remove deconfigure; do
     run_script prerm "$arg"
     expect "prerm $arg" 0 "$stop"
 done
-run_script prerm remove STUB_FAIL=systemctl
-expect "prerm remove, systemctl failing" 0 "$stop"
+run_script prerm remove STUB_FAIL=deb-systemd-invoke
+expect "prerm remove, the stop failing" 0 "$stop"
 run_script prerm upgrade
 expect "prerm upgrade" 0 ""
 rmdir "$T/run/systemd/system"
