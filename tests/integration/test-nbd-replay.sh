@@ -200,8 +200,22 @@ else
   track_pid $mpid
   wait_file 15 mount.pid $mpid || { cat mount.log; fail "mount not live"; }
   cat >mwriter.py <<'PYEOF'
-import mmap, os, random, sys
+import mmap, os, random, sys, time
 path, expect, progress, stop = sys.argv[1:]
+# The test kills the upstream while the writer is parked after write N
+# (the number in the file "park"; N is 8 past an fsync), so that
+# acknowledged writes no flush has made safe are waiting to be replayed.
+def park(n):
+    try:
+        with open("park") as f:
+            at = int(f.read())
+    except (OSError, ValueError):
+        return
+    if n != at:
+        return
+    open("parked", "w").close()
+    while os.path.exists("park"):
+        time.sleep(0.01)
 fd = os.open(path, os.O_RDWR | os.O_DIRECT)
 size = os.lseek(fd, 0, os.SEEK_END)
 model = bytearray(size)
@@ -218,6 +232,7 @@ try:
         os.pwritev(fd, [memoryview(buf)[:length]], off)
         model[off:off + length] = data
         n += 1
+        park(n)
         if n % 16 == 0:
             os.fsync(fd)
             with open(progress, "w") as f:
@@ -236,8 +251,12 @@ PYEOF
   goal=0
   for round in 1 2; do
     goal=$((goal + 200))
-    wait_until 120 past $goal || { cat mwriter.out mount.log; fail "the writer stalled"; }
+    # Parked at write 16k + 8: 8 acknowledged writes since the last fsync.
+    rm -f parked
+    echo $(((goal / 16 + 1) * 16 + 8)) >park
+    wait_until 120 test -e parked || { cat mwriter.out mount.log; fail "the writer stalled"; }
     kill_up
+    rm park
     start_up m.qcow2
   done
   goal=$((goal + 200))
