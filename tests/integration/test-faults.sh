@@ -107,7 +107,7 @@ server_alive || fail "server died"
 # A data write that fails leaves the image writable; a metadata write that
 # fails makes it refuse writes, and then the final flush fails too.
 want=0
-tail -n +$((lines + 1)) "$T/server.log" | grep -q "refusing further writes" && want=1
+tail -n +$((lines + 1)) "$T/server.log" | grep "refusing further writes" >/dev/null && want=1
 STOP_EXPECT=$want stop_server
 rc=0; qemu-img check small/f.qcow2 >check.txt 2>&1 || rc=$?
 [ $rc -eq 0 ] || [ $rc -eq 3 ] || { cat check.txt; fail "check exit $rc on a full disk"; }

@@ -149,14 +149,14 @@ kill_back
 mark=$(wc -l <"$T/server.log")
 start_back 64M
 # Requests fail at once until a connection finds the right export again.
-wait_until 10 eval 'tail -n +$((mark + 1)) "$T/server.log" | grep -q re-established' ||
+wait_until 10 eval 'tail -n +$((mark + 1)) "$T/server.log" | grep re-established >/dev/null' ||
   fail "no reconnection to the right export"
 expect_ok "read once the size is right" read 0 4096 >/dev/null
 ok "refused, then accepted"
 
 # in_backend OP: the backend (nbdkit -v) has logged OP since line $mark of
 # back.log: the request is in flight there, held by the delay filter.
-in_backend() { tail -n +$((mark + 1)) "$T/back.log" | grep -q "delay: $1 "; }
+in_backend() { tail -n +$((mark + 1)) "$T/back.log" | grep "delay: $1 " >/dev/null; }
 
 check "in flight at the loss: a write and a read are sent again"
 # nbdkit from here on, with the front restarted: a backend with other

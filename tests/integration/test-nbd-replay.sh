@@ -134,7 +134,7 @@ except nbd.Error as e:
 PYEOF
 [[ $(run "$PY" one.py "$URI" write) == ok ]] || fail "write before the loss"
 mark=$(wc -l <"$T/server.log")
-since_mark() { tail -n +$((mark + 1)) "$T/server.log" | grep -q "$1"; }
+since_mark() { tail -n +$((mark + 1)) "$T/server.log" | grep "$1" >/dev/null; }
 kill_up
 start_up b.qcow2
 for op in write read; do
