@@ -1309,9 +1309,11 @@ int ckpt_take(struct bd *live, const char *name, struct bd **view) {
     c->view = NULL;
     v->fd = -1;
     vbd->priv = NULL; /* view_close() then has nothing to drop */
+    v->sync->priv = NULL;
     readmit(lv, unpause(lv));
     close(fd);
     bd_close(vbd);
+    bd_close(v->sync);
     free(bm);
     free(v);
     free(c->name);
