@@ -16,6 +16,8 @@
 
 #include "blockdev.h"
 
+struct bd_stat_scope;
+
 /* The format of the image at PATH by its content, as the installed
  * formats' probe finds it, or the name of a format blockport does not
  * support.  When the file cannot be read (opening it then reports why) or
@@ -85,6 +87,10 @@ struct bd_open_opts {
    * backing file. */
   const char *const *contexts;
   size_t ncontexts;
+  /* Where the sources this opening makes (backing files too) count their
+   * events (core/stats.h), as one front end's export, mount or device;
+   * NULL: nowhere.  It must outlive the device. */
+  struct bd_stat_scope *stats;
 };
 #define BD_OPEN_OPTS_INIT                                                      \
   { .format = NULL }

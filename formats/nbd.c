@@ -158,6 +158,7 @@ struct split {
 
 struct nbddev {
   char *uri;
+  struct bd_stat_scope *stats; /* the opening's (core/stats.h), or NULL */
   uint64_t size;
   unsigned nconns;
   struct conn conns[MAX_CONNS];
@@ -320,7 +321,7 @@ static void set_deadline(struct op *op, int64_t now) {
 
 /* OP's time is up: it fails, and the outage counts as given up. */
 static void op_timed_out(struct op *op, const char *why) {
-  bd_stat_add(&st_timeouts, 1);
+  bd_stat_count(op->d->stats, &st_timeouts, 1);
   atomic_store(&op->d->gave_up, true);
   op_fail(op, -EIO, why);
 }
@@ -869,7 +870,7 @@ static void conn_up(struct conn *c) {
   log_info("nbd %s: connection %u %s", d->uri, c->idx,
            c->lost ? "re-established" : "up");
   if (c->lost)
-    bd_stat_add(&st_reconnects, 1);
+    bd_stat_count(d->stats, &st_reconnects, 1);
   c->failures = 0;
   c->lost = false;
   release(op);
@@ -1185,7 +1186,7 @@ static void expire_waiters(struct nbddev *d, int64_t now, int64_t *next) {
 /* A connection with requests in flight that heard nothing for the
  * timeout is dropped: its server is gone or stuck. */
 static void hang_up(struct conn *c) {
-  bd_stat_add(&st_hangups, 1);
+  bd_stat_count(c->d->stats, &st_hangups, 1);
   int fd = nbd_aio_get_fd(c->h);
   if (fd >= 0)
     shutdown(fd, SHUT_RDWR); /* libnbd sees the end and fails them */
@@ -1679,6 +1680,7 @@ struct bd *nbdsrc_open(const char *uri, const struct bd_open_opts *o) {
       free_dev(d);
     return NULL;
   }
+  d->stats = o->stats;
   if (connect_first(d) < 0)
     goto fail;
   if (!(bd = bd_new(&nbd_ops, "nbd", uri))) {

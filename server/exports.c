@@ -339,6 +339,9 @@ static int attach_device(struct build *b, size_t i, struct export *e) {
   }
   oo.contexts = (const char *const *)ctx;
   oo.ncontexts = (size_t)nctx;
+  /* The image's qcow2 cache and nbd:// connections count per export. */
+  if (b->srv->metrics)
+    oo.stats = metrics_export_sources(b->srv->metrics, c->name);
   const char **opts = NULL;
   bool oom = c->noptions && !(opts = merged_options(&oo, c));
   if (!oom)

@@ -59,6 +59,7 @@ void metrics_free(struct metrics *m) {
     return;
   for (size_t i = 0; i < m->nexports; i++) {
     free(m->exports[i]->name);
+    bd_stat_scope_free(m->exports[i]->sources);
     free(m->exports[i]);
   }
   free(m->exports);
@@ -85,13 +86,16 @@ static struct metrics_export *new_export(struct metrics *m, const char *name) {
   struct metrics_export *e = aligned_alloc(_Alignof(struct metrics_export),
                                            sizeof(struct metrics_export));
   char *copy = strdup(name);
-  if (!e || !copy) {
+  struct bd_stat_scope *sources = bd_stat_scope_new();
+  if (!e || !copy || !sources) {
     free(e);
     free(copy);
+    bd_stat_scope_free(sources);
     return NULL;
   }
   memset(e, 0, sizeof *e);
   e->name = copy;
+  e->sources = sources;
   m->exports[m->nexports++] = e;
   return e;
 }
@@ -108,6 +112,16 @@ struct metrics_export *metrics_export_get(struct metrics *m, const char *name,
   }
   pthread_mutex_unlock(&m->lock);
   return e;
+}
+
+struct bd_stat_scope *metrics_export_sources(struct metrics *m,
+                                             const char *name) {
+  pthread_mutex_lock(&m->lock);
+  struct metrics_export *e = find_export(m, name);
+  if (!e)
+    e = new_export(m, name);
+  pthread_mutex_unlock(&m->lock);
+  return e ? e->sources : NULL;
 }
 
 void metrics_exports_retire(struct metrics *m) {
@@ -495,10 +509,21 @@ static void render_pool(struct out *o) {
 
 /* The counters the layers below keep (core/stats.h): the nbd:// source's,
  * the qcow2 L2 cache's. */
+struct stat_render {
+  const struct metrics *m;
+  struct out *o;
+};
+
+/* One source counter, a series per export (present from 0, whatever its
+ * sources are: a dashboard needs no special case for "no qcow2 here"). */
 static void render_stat(const struct bd_stat *s, void *ctx) {
-  struct out *o = ctx;
-  put_header(o, s->name, "counter", s->help);
-  put(o, "blockport_%s %llu\n", s->name, (unsigned long long)bd_stat_value(s));
+  struct stat_render *sr = ctx;
+  put_header(sr->o, s->name, "counter", s->help);
+  for (size_t i = 0; i < sr->m->nexports; i++) {
+    const struct metrics_export *e = sr->m->exports[i];
+    put_export_sample(sr->o, s->name, e, NULL,
+                      bd_stat_scope_value(e->sources, s));
+  }
 }
 
 size_t metrics_render(struct metrics *m, char *buf, size_t cap) {
@@ -510,8 +535,9 @@ size_t metrics_render(struct metrics *m, char *buf, size_t cap) {
   render_server(m, &o);
   render_exports(m, &o);
   render_requests(m, &o);
+  struct stat_render sr = {m, &o};
+  bd_stats_foreach(render_stat, &sr);
   pthread_mutex_unlock(&m->lock);
   render_pool(&o);
-  bd_stats_foreach(render_stat, &o);
   return o.len;
 }

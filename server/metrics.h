@@ -60,6 +60,9 @@ struct metrics_export {
   atomic_uint_least64_t size;
   atomic_bool active; /* in the current configuration */
   char *name;
+  /* What the export's sources count (core/stats.h): given to the opening
+   * of its image, so a qcow2 cache or an nbd:// source counts per export. */
+  struct bd_stat_scope *sources;
 };
 
 /* Exports come and go with config reloads: each name keeps its counters
@@ -86,6 +89,10 @@ void metrics_free(struct metrics *m);
  * SIZE as its size.  NULL when out of memory. */
 struct metrics_export *metrics_export_get(struct metrics *m, const char *name,
                                           uint64_t size);
+/* The scope export NAME's sources count in (its entry created, inactive,
+ * when new), for the opening of its image; NULL when out of memory. */
+struct bd_stat_scope *metrics_export_sources(struct metrics *m,
+                                             const char *name);
 /* Mark every export inactive: a new configuration is about to get() its
  * exports again. */
 void metrics_exports_retire(struct metrics *m);

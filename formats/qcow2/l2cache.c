@@ -41,6 +41,7 @@ struct shard {
 
 struct l2cache {
   size_t slice_bytes;
+  struct bd_stat_scope *stats; /* where hits and misses count, or NULL */
   struct shard shards[NSHARDS];
 };
 
@@ -52,11 +53,13 @@ static size_t bucket_of(const struct shard *s, uint64_t key) {
   return (size_t)((key >> 9) * 0xff51afd7ed558ccdull >> 32) % s->nbuckets;
 }
 
-struct l2cache *l2cache_new(size_t slice_bytes, size_t total_bytes) {
+struct l2cache *l2cache_new(size_t slice_bytes, size_t total_bytes,
+                            struct bd_stat_scope *stats) {
   struct l2cache *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
   c->slice_bytes = slice_bytes;
+  c->stats = stats;
   size_t per = total_bytes / slice_bytes / NSHARDS;
   if (per < 4)
     per = 4;
@@ -121,13 +124,13 @@ static void hash_unlink(struct shard *s, struct l2slice *sl) {
 }
 
 /* Drop the oldest unpinned slices while the shard is over capacity. */
-static void evict(struct shard *s) {
+static void evict(struct l2cache *c, struct shard *s) {
   while (s->count > s->cap && s->lru.lru_next != &s->lru) {
     struct l2slice *old = s->lru.lru_next;
     lru_unlink(old);
     hash_unlink(s, old);
     free_slice(old);
-    bd_stat_add(&st_evictions, 1);
+    bd_stat_count(c->stats, &st_evictions, 1);
   }
 }
 
@@ -138,7 +141,8 @@ static struct l2slice *find(struct shard *s, uint64_t key) {
   return NULL;
 }
 
-static struct l2slice *insert_loading(struct shard *s, uint64_t key, size_t n) {
+static struct l2slice *insert_loading(struct l2cache *c, struct shard *s,
+                                      uint64_t key, size_t n) {
   struct l2slice *sl = calloc(1, sizeof *sl);
   if (sl)
     sl->entries = malloc(n * sizeof *sl->entries);
@@ -153,7 +157,7 @@ static struct l2slice *insert_loading(struct shard *s, uint64_t key, size_t n) {
   sl->hnext = s->buckets[b];
   s->buckets[b] = sl;
   s->count++;
-  evict(s);
+  evict(c, s);
   return sl;
 }
 
@@ -163,14 +167,14 @@ const uint64_t *l2cache_get(struct l2cache *c, uint64_t key, l2_load_fn *load,
   size_t n = c->slice_bytes / sizeof(uint64_t);
   pthread_mutex_lock(&s->lock);
   struct l2slice *sl = find(s, key);
-  bd_stat_add(sl ? &st_hits : &st_misses, 1);
+  bd_stat_count(c->stats, sl ? &st_hits : &st_misses, 1);
   if (sl) {
     if (sl->refs++ == 0)
       lru_unlink(sl);
     while (sl->loading)
       pthread_cond_wait(&s->loaded, &s->lock);
   } else {
-    sl = insert_loading(s, key, n);
+    sl = insert_loading(c, s, key, n);
     if (!sl) {
       pthread_mutex_unlock(&s->lock);
       *err = -ENOMEM;
@@ -207,7 +211,7 @@ void l2cache_put(struct l2cache *c, struct l2slice *sl) {
     sl->lru_next = &s->lru;
     s->lru.lru_prev->lru_next = sl;
     s->lru.lru_prev = sl;
-    evict(s);
+    evict(c, s);
   }
   pthread_mutex_unlock(&s->lock);
 }
@@ -237,8 +241,8 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
   if (sl->refs++ == 0)
     lru_unlink(sl);
   pthread_mutex_unlock(&s->lock);
-  bd_stat_add(&st_hits, 1); /* a miss here is counted by the l2cache_get()
-                             * that follows */
+  bd_stat_count(c->stats, &st_hits, 1); /* a miss here is counted by the
+                                         * l2cache_get() that follows */
   *pin = sl;
   return sl->entries;
 }

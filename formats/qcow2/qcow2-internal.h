@@ -98,8 +98,11 @@ int qcow2_decompress(unsigned type, const uint8_t *in, size_t inlen,
 long qcow2_compress(unsigned type, const uint8_t *in, size_t inlen,
                     uint8_t *out, size_t outlen);
 
-/* l2cache.c: L2 tables cached in slices, shared by all threads. */
-struct l2cache *l2cache_new(size_t slice_bytes, size_t total_bytes);
+/* l2cache.c: L2 tables cached in slices, shared by all threads; hits,
+ * misses and evictions count in STATS (core/stats.h; NULL: nowhere). */
+struct bd_stat_scope;
+struct l2cache *l2cache_new(size_t slice_bytes, size_t total_bytes,
+                            struct bd_stat_scope *stats);
 void l2cache_free(struct l2cache *c);
 struct l2slice;
 /* The slice at host offset KEY, loaded with LOAD on a miss.  Returns its

@@ -966,7 +966,7 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
     uint64_t l2 = QCOW2_L2_CACHE_DEFAULT;
     r = bd_opt_size(o, "qcow2", "l2-cache-size", QCOW2_L2_CACHE_MIN, &l2);
     if (r == 0) {
-      q->cache = l2cache_new(slice, l2);
+      q->cache = l2cache_new(slice, l2, o->stats);
       r = q->cache ? load_l1(q) : -ENOMEM;
     }
   }

@@ -64,11 +64,17 @@ now=$(date +%s)
 for reason in allow_list max_connections tls handshake_timeout; do
     expect "$m" "blockport_connections_refused_total{reason=\"$reason\"}" 0
 done
-for name in pool_queue_depth pool_workers pool_busy_workers \
-    qcow2_l2_cache_hits_total qcow2_l2_cache_misses_total \
+for name in pool_queue_depth pool_workers pool_busy_workers; do
+    [[ $(value "$m" "blockport_$name") =~ ^[0-9]+$ ]] || fail "no blockport_$name"
+done
+# Source counters: a series per export, from 0, whatever its source is.
+for name in qcow2_l2_cache_hits_total qcow2_l2_cache_misses_total \
     qcow2_l2_cache_evictions_total nbd_reconnects_total \
     nbd_request_timeouts_total nbd_hung_connections_total; do
-    [[ $(value "$m" "blockport_$name") =~ ^[0-9]+$ ]] || fail "no blockport_$name"
+    for e in mem other; do
+        expect "$m" "blockport_$name{export=\"$e\"}" 0
+    done
+    expect "$m" "blockport_$name" missing
 done
 ok "empty counters; build info, start time, refusals, pool and source counters"
 
@@ -235,6 +241,7 @@ stop_server
 require qemu-img
 random_file "$T/data.raw" 4
 qemu-img convert -f raw -O qcow2 "$T/data.raw" "$T/disk.qcow2"
+qemu-img convert -f raw -O qcow2 "$T/data.raw" "$T/spare.qcow2"
 tls=()
 have_psk=
 if has_feature tls && command -v psktool >/dev/null && command -v nbdinfo >/dev/null; then
@@ -249,7 +256,8 @@ for attempt in 1 2 3 4 5; do
     PORT=$(_free_port)
     _launch --unix "$T/sock" --bind 127.0.0.1 --port "$PORT" -- \
         --metrics "127.0.0.1:$MPORT" --allow 127.0.0.2/32 --max-connections 2 \
-        --handshake-timeout 1 "${tls[@]}" -f qcow2 "$T/disk.qcow2"
+        --handshake-timeout 1 "${tls[@]}" -f qcow2 "$T/disk.qcow2" \
+        "spare=$T/spare.qcow2"
     if _wait_started; then
         break
     fi
@@ -275,11 +283,14 @@ wait_until 5 reads_counted || fail "64 reads not counted on export=\"(default)\"
 expect "$m" 'blockport_export_info{export="(default)"}' 1
 expect "$m" 'blockport_read_bytes_total{export="(default)"}' 4194304
 if grep -q 'export=""' <<<"$m"; then fail "an empty export label"; fi
-hits=$(value "$m" blockport_qcow2_l2_cache_hits_total)
-misses=$(value "$m" blockport_qcow2_l2_cache_misses_total)
+hits=$(value "$m" 'blockport_qcow2_l2_cache_hits_total{export="(default)"}')
+misses=$(value "$m" 'blockport_qcow2_l2_cache_misses_total{export="(default)"}')
 ((misses >= 1 && hits + misses >= 64)) ||
     fail "L2 cache: $hits hits and $misses misses for 64 reads"
-ok "64 reads of (default); L2 cache $hits hits, $misses misses"
+# The other qcow2 export's cache saw none of them.
+expect "$m" 'blockport_qcow2_l2_cache_hits_total{export="spare"}' 0
+expect "$m" 'blockport_qcow2_l2_cache_misses_total{export="spare"}' 0
+ok "64 reads of (default); its L2 cache $hits hits, $misses misses; spare's none"
 
 refused() { value "$m" "blockport_connections_refused_total{reason=\"$1\"}"; }
 until_refused() { m=$(scrape) && [[ $(refused "$1") == "$2" ]]; }

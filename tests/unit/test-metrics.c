@@ -3,6 +3,7 @@
  * buckets, the counters of core/stats.h, the HTTP request parser of
  * server/metrics-http-parse.c, and the parsing of --metrics ADDR:PORT. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,7 +254,8 @@ Test(metrics, process_refusals_pool_and_stats) {
   metrics_conn_refused(m, METRICS_REFUSED_MAX_CONNECTIONS);
   metrics_conn_refused(m, METRICS_REFUSED_MAX_CONNECTIONS);
   metrics_conn_refused(m, METRICS_REFUSED_TLS);
-  bd_stat_add(&test_stat, 3);
+  bd_stat_count(metrics_export_sources(m, "e"), &test_stat, 3);
+  bd_stat_count(NULL, &test_stat, 5); /* no scope: not counted */
   char *t = render(m);
   cr_assert(strstr(t, "\nblockport_build_info{version=\""));
   cr_assert(strstr(t, "# TYPE process_start_time_seconds gauge\n"));
@@ -280,7 +282,8 @@ Test(metrics, process_refusals_pool_and_stats) {
   cr_assert_geq(sample(t, "blockport_pool_queue_depth"), 0);
   cr_assert_geq(sample(t, "blockport_pool_workers"), 0);
   cr_assert(strstr(t, "# TYPE blockport_unit_test_events_total counter\n"));
-  cr_assert_eq(sample(t, "blockport_unit_test_events_total"), 3);
+  cr_assert_eq(sample(t, "blockport_unit_test_events_total{export=\"e\"}"), 3);
+  cr_assert_eq(sample(t, "blockport_unit_test_events_total"), -1);
   free(t);
   metrics_free(m);
 }
@@ -291,14 +294,39 @@ static void count_test_stat(const struct bd_stat *s, void *ctx) {
 }
 
 Test(metrics, stats_count_once_registered) {
-  uint64_t before = bd_stat_value(&test_stat);
+  struct bd_stat_scope *a = bd_stat_scope_new(), *b = bd_stat_scope_new();
+  cr_assert(a && b);
   bd_stat_register(&test_stat); /* again: a no-op */
   for (int i = 0; i < 1000; i++)
-    bd_stat_add(&test_stat, 1);
-  cr_assert_eq(bd_stat_value(&test_stat), before + 1000);
+    bd_stat_count(a, &test_stat, 1);
+  bd_stat_count(b, &test_stat, 7);
+  cr_assert_eq(bd_stat_scope_value(a, &test_stat), 1000);
+  cr_assert_eq(bd_stat_scope_value(b, &test_stat), 7);
+  cr_assert_eq(bd_stat_scope_value(NULL, &test_stat), 0);
   size_t seen = 0;
   bd_stats_foreach(count_test_stat, &seen);
   cr_assert_eq(seen, 1);
+  bd_stat_scope_free(a);
+  bd_stat_scope_free(b);
+}
+
+/* Counting from many threads lands in the scope whole (slots per
+ * thread, summed on reading). */
+static void *count_many(void *arg) {
+  for (int i = 0; i < 10000; i++)
+    bd_stat_count(arg, &test_stat, 1);
+  return NULL;
+}
+
+Test(metrics, stats_scope_counts_from_threads) {
+  struct bd_stat_scope *sc = bd_stat_scope_new();
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(pthread_create(&t[i], NULL, count_many, sc), 0);
+  for (int i = 0; i < 4; i++)
+    pthread_join(t[i], NULL);
+  cr_assert_eq(bd_stat_scope_value(sc, &test_stat), 40000);
+  bd_stat_scope_free(sc);
 }
 
 static enum metrics_http_verdict parse(const char *s) {

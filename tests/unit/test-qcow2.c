@@ -1080,7 +1080,7 @@ static const uint64_t *get(struct l2cache *c, uint64_t key, struct loader *l,
 }
 
 Test(l2cache, hit_does_not_reload) {
-  struct l2cache *c = l2cache_new(SLICE, 1u << 20);
+  struct l2cache *c = l2cache_new(SLICE, 1u << 20, NULL);
   cr_assert_not_null(c);
   struct loader l = {0};
   struct l2slice *pin1, *pin2;
@@ -1110,7 +1110,7 @@ Test(l2cache, hit_does_not_reload) {
 
 Test(l2cache, eviction_lru) {
   /* Room for 64 slices (4 in each of the 16 shards). */
-  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE);
+  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE, NULL);
   struct loader l = {0};
   struct l2slice *pin;
   for (uint64_t i = 0; i < NKEYS; i++) {
@@ -1136,7 +1136,7 @@ Test(l2cache, eviction_lru) {
 Test(l2cache, put_evicts_over_capacity) {
   /* 256 slices pinned at once overfill every shard; releasing them must
    * bring the cache back to its capacity, without waiting for a miss. */
-  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE);
+  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE, NULL);
   struct loader l = {0};
   static struct l2slice *pins[256];
   for (uint64_t i = 0; i < 256; i++)
@@ -1157,7 +1157,7 @@ Test(l2cache, put_evicts_over_capacity) {
 }
 
 Test(l2cache, pinned_slices_stay) {
-  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE);
+  struct l2cache *c = l2cache_new(SLICE, 64 * SLICE, NULL);
   struct loader l = {0};
   struct l2slice *pins[8], *pin;
   const uint64_t *ptr[8];
@@ -1190,7 +1190,7 @@ Test(l2cache, pinned_slices_stay) {
 }
 
 Test(l2cache, failed_load_is_retried) {
-  struct l2cache *c = l2cache_new(SLICE, 1u << 20);
+  struct l2cache *c = l2cache_new(SLICE, 1u << 20, NULL);
   struct loader l = {.fail = 1, .fail_code = -EIO};
   struct l2slice *pin = NULL;
   int e = 0;
@@ -1236,7 +1236,7 @@ static void *race(void *arg) {
 }
 
 Test(l2cache, concurrent_gets_load_once) {
-  struct l2cache *c = l2cache_new(SLICE, 1u << 20);
+  struct l2cache *c = l2cache_new(SLICE, 1u << 20, NULL);
   struct loader l = {.delay_us = 100000};
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, 8);
@@ -1265,7 +1265,7 @@ Test(l2cache, concurrent_gets_load_once) {
 Test(l2cache, concurrent_failed_load) {
   /* One load, failing: every reader waiting for it gets -EIO, and the
    * next reader loads again. */
-  struct l2cache *c = l2cache_new(SLICE, 1u << 20);
+  struct l2cache *c = l2cache_new(SLICE, 1u << 20, NULL);
   struct loader l = {.fail = 1, .fail_code = -EIO, .delay_us = 100000};
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, 8);
