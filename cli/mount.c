@@ -24,6 +24,7 @@
 #include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
+#include "frontend-metrics.h"
 #include "frontend/fuse-mount.h"
 
 #include "daemon.h"
@@ -70,7 +71,7 @@ static const char mount_tail[] =
 #define MOUNT_SHARED                                                           \
   (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_AIO | CO_L2_CACHE | \
    CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE | CO_CONTROL |          \
-   CO_VIEWS | CO_FLEECE)
+   CO_VIEWS | CO_FLEECE | CO_METRICS)
 
 struct mount_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -88,6 +89,7 @@ struct mount_state {
   pthread_mutex_t lock;
   struct fm *fm;
   bool mounting, stop;
+  struct cli_metrics metrics; /* --metrics */
 };
 
 /* ---- the disk file's name ---- */
@@ -221,7 +223,8 @@ static int run_mount(struct mount_state *s, struct bd *bd) {
                           .threads = o->threads,
                           .table_retry_s = cli_nbd_timeout(&o->co),
                           .live = on_live,
-                          .opaque = s};
+                          .opaque = s,
+                          .reqs = cli_metrics_disk(&s->metrics, bd->size)};
   pthread_mutex_lock(&s->lock);
   s->mounting = true;
   pthread_mutex_unlock(&s->lock);
@@ -276,7 +279,12 @@ static int mount_run(const struct mount_opts *o) {
     log_error("cannot start the worker pool");
     goto out;
   }
-  bd = bd_open_with(o->source, &o->co.open);
+  struct bd_open_opts open = o->co.open;
+  if (cli_metrics_start(&s.metrics, o->co.metrics, METRICS_MOUNT,
+                        o->mountpoint) < 0)
+    goto out;
+  open.stats = s.metrics.sources;
+  bd = bd_open_with(o->source, &open);
   if (!bd) {
     log_error("%s", bd_errmsg());
     goto out;
@@ -301,6 +309,7 @@ out:
   pthread_join(st, NULL);
   if (bd && bd_close(bd) < 0)
     ret = 1;
+  cli_metrics_stop(&s.metrics);
   bd_pool_stop();
   if (s.pid_path)
     unlink(s.pid_path);

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/pool.h"
 #include "formats/formats.h"
+#include "server/metrics.h"
 
 #include "cli.h"
 #include "core/open.h"
@@ -35,6 +36,7 @@ enum {
   ID_FLEECE_LIMIT,
   ID_VIEWS_UNIX,
   ID_SOURCE_OPT,
+  ID_METRICS,
 };
 
 _Static_assert(BD_POOL_MAX_WORKERS == 1024, "--workers' help names 1024");
@@ -120,6 +122,10 @@ static const struct shared_opt table[] = {
      "take commands on the Unix socket PATH (mode\n"
      "0600; blockport ctl PATH help), made before\n"
      "ready and removed at exit (docs/CONTROL.md)"},
+    {CO_METRICS, ID_METRICS, "metrics", "ADDR:PORT", 0, 0,
+     "serve Prometheus metrics at\n"
+     "http://ADDR:PORT/metrics ([ADDR] for IPv6;\n"
+     "docs/METRICS.md)"},
     {CO_VIEWS, ID_VIEWS_UNIX, "views-unix", "PATH", 0, 0,
      "with --control: the disk takes checkpoints,\n"
      "their views served read-only over NBD on the\n"
@@ -208,6 +214,15 @@ static int add_default(struct cli_common *c, const struct shared_opt *t,
     return bad(c, t, arg, "fewer source options");
   c->arena_used += (size_t)n + 1;
   c->defaults[c->open.ndefaults++] = s;
+  return 1;
+}
+
+static int metrics_addr(struct cli_common *c, const struct shared_opt *t,
+                        const char *arg) {
+  char host[256], port[8];
+  if (!metrics_http_parse_addr(arg, host, sizeof host, port, sizeof port))
+    return bad(c, t, arg, "ADDR:PORT");
+  c->metrics = arg;
   return 1;
 }
 
@@ -329,6 +344,7 @@ int cli_opts_handle(struct cli_common *c, int ch, const char *arg) {
   case 'P': c->pid_file = arg; return 1;
   case ID_CONTROL: c->control = arg; return 1;
   case ID_VIEWS_UNIX: c->views_unix = arg; return 1;
+  case ID_METRICS: return metrics_addr(c, t, arg);
   case ID_FLEECE_DIR: c->ckpt.fleece_dir = arg; return 1;
   case ID_FLEECE_LIMIT: return fleece_limit(c, t, arg);
   default: return logging(c, t, arg);

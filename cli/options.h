@@ -38,6 +38,8 @@ enum {
   CO_VIEWS = 1u << 13, /* --views-unix PATH: views over NBD (vhost, mount) */
   /* --source-option KEY=VALUE: an option of the source's format */
   CO_SOURCE_OPT = 1u << 14,
+  /* --metrics ADDR:PORT: Prometheus metrics (server/metrics.h) */
+  CO_METRICS = 1u << 15,
 };
 
 /* --source-option values, and the [FORMAT.]KEY=VALUE defaults the
@@ -57,6 +59,7 @@ struct cli_common {
   const char *control;    /* --control: the control socket, or NULL */
   struct ckpt_opts ckpt;  /* --fleece-dir, --fleece-limit */
   const char *views_unix; /* --views-unix: views' NBD socket, or NULL */
+  const char *metrics;    /* --metrics ADDR:PORT, or NULL */
   bool log_chosen;        /* -v or --log-level given */
   /* What open.options and open.defaults point to: --source-option's
    * arguments, and "FORMAT.KEY=VALUE" strings built in ARENA. */

@@ -94,8 +94,6 @@ static const char serve_head[] =
     "      --idle-timeout SECONDS  close a client with nothing in flight\n"
     "                            that sends nothing for this long (default 0:\n"
     "                            never)\n"
-    "      --metrics ADDR:PORT   serve Prometheus metrics at\n"
-    "                            http://ADDR:PORT/metrics ([ADDR] for IPv6)\n"
     "      --run CMD             once ready, run CMD with /bin/sh, with\n"
     "                            $uri (also $nbd), $unixsocket, $port,\n"
     "                            $exportname and $tls set as nbdkit's --run\n"
@@ -130,7 +128,7 @@ static const char serve_tail[] =
 #define SERVE_SHARED                                                           \
   (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO |    \
    CO_L2_CACHE | CO_NBD | CO_RBD | CO_LOG | CO_PID_FILE | CO_CONTROL |         \
-   CO_FLEECE)
+   CO_METRICS | CO_FLEECE)
 
 struct serve_cli {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -153,7 +151,6 @@ enum {
   OPT_HANDSHAKE_TIMEOUT,
   OPT_IDLE_TIMEOUT,
   OPT_RO_EXPORT,
-  OPT_METRICS,
   OPT_CONFIG,
   OPT_CHECK_CONFIG,
   OPT_MAX_REQUESTS,
@@ -258,13 +255,6 @@ static int export_option(struct serve_cli *c, int ch, const char *arg) {
     o->export_name = arg;
     return 1;
   case 't': return number("--threads", arg, 1, 1024, &c->co.workers);
-  case OPT_METRICS: {
-    char host[256], mport[8];
-    if (!metrics_http_parse_addr(arg, host, sizeof host, mport, sizeof mport))
-      return bad("--metrics", arg, "ADDR:PORT");
-    o->metrics = arg;
-    return 1;
-  }
   default: return 0;
   }
 }
@@ -442,7 +432,6 @@ static int parse_opts(int argc, char **argv, struct serve_cli *c) {
       {"unix-mode", required_argument, NULL, OPT_UNIX_MODE},
       {"handshake-timeout", required_argument, NULL, OPT_HANDSHAKE_TIMEOUT},
       {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
-      {"metrics", required_argument, NULL, OPT_METRICS},
       {"config", required_argument, NULL, OPT_CONFIG},
       {"check-config", no_argument, NULL, OPT_CHECK_CONFIG},
       {"run", required_argument, NULL, OPT_RUN},
@@ -533,6 +522,7 @@ int serve_main(int argc, char **argv) {
   c.so.workers = c.co.workers;
   /* The control socket, with the checkpoint verbs (server/). */
   c.so.control = c.co.control;
+  c.so.metrics = c.co.metrics;
   c.so.ckpt = c.co.ckpt;
   if (c.check_config) {
     ret = server_check(&c.so, show_exports, &c.so);

@@ -18,6 +18,7 @@
 #include "core/open.h"
 #include "core/pool.h"
 #include "formats/formats.h"
+#include "frontend-metrics.h"
 #include "frontend/vhost-user.h"
 
 #include "disk-ckpt.h"
@@ -58,7 +59,7 @@ static const char vhost_tail[] =
 #define VHOST_SHARED                                                           \
   (CO_FORMAT | CO_SOURCE_OPT | CO_WORKERS | CO_PLUGIN | CO_CACHE | CO_AIO |    \
    CO_L2_CACHE | CO_NBD | CO_RBD | CO_NBD_OLD | CO_LOG | CO_PID_FILE |         \
-   CO_CONTROL | CO_VIEWS | CO_FLEECE)
+   CO_CONTROL | CO_VIEWS | CO_FLEECE | CO_METRICS)
 
 struct vhost_opts {
   struct cli_common co; /* format, workers, plugin, NBD, pid file, ... */
@@ -203,13 +204,22 @@ static int vhost_run(struct vhost_opts *o) {
     return 1;
   }
   int ret = 1;
-  struct bd *bd = bd_open_with(o->source, &o->co.open);
+  struct cli_metrics cm;
+  struct bd *bd = NULL;
+  struct bd_open_opts open = o->co.open;
+  if (cli_metrics_start(&cm, o->co.metrics, METRICS_VHOST,
+                        o->vhu.socket_path) == 0) {
+    open.stats = cm.sources;
+    if (!(bd = bd_open_with(o->source, &open)))
+      log_error("%s", bd_errmsg()); /* it names the source */
+  }
   if (!bd) {
-    log_error("%s", bd_errmsg()); /* it names the source */
     vhu_unlisten(lsock, o->vhu.socket_path);
   } else {
+    o->vhu.reqs = cli_metrics_disk(&cm, bd->size);
     ret = vhost_serve(o, &bd, lsock, sfd);
   }
+  cli_metrics_stop(&cm);
   bd_pool_stop();
   close(sfd);
   return ret;

@@ -25,6 +25,7 @@
 #include "core/blockdev.h"
 #include "core/disk.h"
 #include "core/log.h"
+#include "core/reqstats.h"
 #include "fuse-flags.h"
 #include "fuse-loop.h"
 #include "fuse-mount.h"
@@ -356,7 +357,11 @@ struct fio {
   uint64_t file_off; /* for messages */
   void *block;       /* a loop buffer holding the data, given back at the end */
   struct fio *next;  /* on the reply queue */
-  uint8_t data[];    /* the data of small requests */
+  /* --metrics: what was counted in flight, and when */
+  uint64_t t0, mlen;
+  enum metrics_cmd mcmd;
+  bool failed;
+  uint8_t data[]; /* the data of small requests */
 };
 
 /* A request with room for DATALEN bytes at *DATA: inline when small, else
@@ -375,6 +380,7 @@ static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen,
   }
   io->m = m;
   io->req = req;
+  io->failed = false;
   if (data)
     *data = big ? io->block : io->data;
   inflight_get(m);
@@ -383,14 +389,39 @@ static struct fio *fio_new(struct fm *m, fuse_req_t req, size_t datalen,
 
 static void fio_end(struct fio *io) {
   struct fm *m = io->m;
+  if (m->cfg.reqs)
+    metrics_req_done(m->cfg.reqs, io->mcmd, io->t0, io->mlen, io->failed);
   fl_buf_put(m->loop, io->block);
   free(io);
   inflight_put(m);
 }
 
 static void fio_error(struct fio *io, const char *what, int err) {
+  io->failed = true;
   log_io_error(io->m, what, io->file_off, err);
   fuse_reply_err(io->req, -err);
+}
+
+/* What --metrics calls a disk request: punching a hole is a trim. */
+static enum metrics_cmd metrics_cmd_of(const struct disk_req *r) {
+  switch (r->cmd) {
+  case BD_READ: return METRICS_READ;
+  case BD_WRITE: return METRICS_WRITE;
+  case BD_FLUSH: return METRICS_FLUSH;
+  case BD_ZERO:
+    return r->flags & BD_F_MAY_TRIM ? METRICS_TRIM : METRICS_WRITE_ZEROES;
+  default: return METRICS_OTHER;
+  }
+}
+
+/* Send IO's request to the disk, counted in flight for --metrics. */
+static void fio_submit(struct fm *m, struct fio *io) {
+  if (m->cfg.reqs) {
+    io->mcmd = metrics_cmd_of(&io->dr);
+    io->mlen = io->dr.length;
+    io->t0 = metrics_req_start(m->cfg.reqs, io->mcmd, io->mlen);
+  }
+  disk_submit(&m->disk, &io->dr);
 }
 
 /* ---- large read replies off the source's thread ---- */
@@ -498,7 +529,7 @@ static void submit_status(struct fm *m, fuse_req_t req, enum bd_cmd cmd,
   io->dr = (struct disk_req){
       .cmd = cmd, .flags = flags, .offset = off, .length = len};
   io->dr.done = status_done;
-  disk_submit(&m->disk, &io->dr);
+  fio_submit(m, io);
 }
 
 /* ---- operations ---- */
@@ -625,7 +656,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                              .length = n,
                              .buf = data,
                              .done = read_done};
-  disk_submit(&m->disk, &io->dr);
+  fio_submit(m, io);
 }
 
 /* A write request holding N bytes of BUF: a large one keeps the buffer
@@ -675,7 +706,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf,
   }
   io->file_off = (uint64_t)off;
   io->dr.offset = f->offset + (uint64_t)off;
-  disk_submit(&m->disk, &io->dr);
+  fio_submit(m, io);
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync,

@@ -15,6 +15,7 @@
 
 struct bd;
 struct fm;
+struct metrics_reqs;
 
 struct fm_config {
   const char *mountpoint; /* a directory, or a regular file to mount over */
@@ -31,6 +32,9 @@ struct fm_config {
    * mount: from then on it serves. */
   void (*live)(void *opaque);
   void *opaque;
+  /* --metrics: where reads, writes, flushes and fallocates are counted
+   * (core/reqstats.h), or NULL. */
+  struct metrics_reqs *reqs;
 };
 
 /* Mount BD (not owned) at cfg->mountpoint.  NULL with bd_errmsg() set. */

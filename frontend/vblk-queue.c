@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/reqstats.h"
 #include "virtio-blk.h"
 
 #define LOGGED_ERRORS 10 /* per queue, then only at debug level */
@@ -41,6 +42,8 @@ struct vblk_req {
   atomic_uint remaining;
   atomic_int err;
   char errmsg[BD_REQ_ERRMSG_MAX]; /* the first failing sub-request's */
+  uint64_t t0;                    /* --metrics: when it was started */
+  enum metrics_cmd mcmd;
 };
 
 int vblk_queue_init(struct vblk_queue *q, struct vblk_dev *dev, unsigned index,
@@ -112,6 +115,9 @@ static void end_batch(struct vblk_queue *q) {
 /* Hand the chain back to the guest. */
 static void complete(struct vblk_req *r, uint8_t status) {
   struct vblk_queue *q = r->q;
+  if (q->dev->reqs)
+    metrics_req_done(q->dev->reqs, r->mcmd, r->t0, r->length,
+                     status != VIRTIO_BLK_S_OK);
   if (r->status_ptr)
     *r->status_ptr = status;
   pthread_mutex_lock(&q->lock);
@@ -140,6 +146,8 @@ static void abandon(struct vblk_req *r) {
   struct vblk_queue *q = r->q;
   log_debug("vhost queue %u: request %u abandoned: %s", q->index, r->head,
             r->errmsg);
+  if (q->dev->reqs) /* the next front end submits it again */
+    metrics_req_dropped(q->dev->reqs, r->mcmd, r->length);
   pthread_mutex_lock(&q->lock);
   r->busy = false;
   q->abandoned++;
@@ -297,6 +305,18 @@ static void get_id(struct vblk_req *r, const struct vblk_parsed *p,
   complete(r, VIRTIO_BLK_S_OK);
 }
 
+/* What --metrics calls a request of KIND. */
+static enum metrics_cmd metrics_cmd_of(enum vblk_kind kind) {
+  switch (kind) {
+  case VBLK_READ: return METRICS_READ;
+  case VBLK_WRITE: return METRICS_WRITE;
+  case VBLK_FLUSH: return METRICS_FLUSH;
+  case VBLK_DISCARD: return METRICS_TRIM;
+  case VBLK_ZEROES: return METRICS_WRITE_ZEROES;
+  default: return METRICS_OTHER; /* GET_ID, malformed, unsupported */
+  }
+}
+
 /* Parse the chain in q->chain and start its request in slot R. */
 static void start(struct vblk_queue *q, struct vblk_req *r) {
   struct vblk_parsed p;
@@ -314,6 +334,10 @@ static void start(struct vblk_queue *q, struct vblk_req *r) {
   r->bounce = NULL;
   r->iov = NULL;
   r->niov = 0;
+  if (q->dev->reqs) {
+    r->mcmd = metrics_cmd_of(p.kind);
+    r->t0 = metrics_req_start(q->dev->reqs, r->mcmd, r->length);
+  }
   switch (p.kind) {
   case VBLK_DONE:
     if (p.status != VIRTIO_BLK_S_OK)

@@ -868,6 +868,7 @@ int vhu_serve(struct bd *bd, const struct vhu_options *o, int lsock,
   }
   d->o = o;
   vblk_dev_init(&d->blk, bd, o->readonly, (uint16_t)o->queues, 128, o->serial);
+  d->blk.reqs = o->reqs;
   for (unsigned q = 0; q < VHU_MAX_QUEUES; q++) {
     struct vhu_ring *r = &d->rings[q];
     r->dev = d;

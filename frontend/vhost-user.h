@@ -28,6 +28,8 @@ struct vhu_options {
   bool readonly;
   const char *serial; /* GET_ID (NULL: "blockport") */
   bool once;          /* return after the first front end leaves */
+  /* --metrics: where the guest's requests are counted, or NULL */
+  struct metrics_reqs *reqs;
 };
 
 /* A socket listening at PATH for a front end (a stale socket there, one

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "core/blockdev.h"
+#include "core/reqstats.h"
 #include "virtq.h"
 
 #define VBLK_CONFIG_SIZE 64 /* the fields up to write_zeroes_may_unmap */
@@ -44,6 +45,8 @@ struct vblk_dev {
   char serial[20];   /* GET_ID, NUL-padded */
   uint64_t features; /* offered feature bits */
   uint64_t acked;    /* negotiated ones (set by the transport) */
+  /* --metrics: where requests are counted (core/reqstats.h), or NULL */
+  struct metrics_reqs *reqs;
 };
 
 /* Fill DEV from the block device.  SERIAL may be NULL. */

@@ -372,7 +372,7 @@ void conn_wake_locked(struct conn *c) {
  * its in-flight budget and keep it for reuse. */
 void conn_release_locked(struct conn *c, struct nreq *n) {
   if (c->exp->mx)
-    metrics_req_done(c->exp->mx, metrics_cmd_of_nbd(n->r.type), n->t0,
+    metrics_req_done(&c->exp->mx->req, metrics_cmd_of_nbd(n->r.type), n->t0,
                      n->r.length, n->failed);
   c->inflight--;
   c->inflight_bytes -= n->cost;
@@ -433,7 +433,7 @@ static bool ensure_buf(struct nreq *n, uint64_t len) {
 static void count_start(struct conn *c, struct nreq *n) {
   n->failed = false;
   if (c->exp->mx)
-    n->t0 = metrics_req_start(c->exp->mx, metrics_cmd_of_nbd(n->r.type),
+    n->t0 = metrics_req_start(&c->exp->mx->req, metrics_cmd_of_nbd(n->r.type),
                               n->r.length);
 }
 

@@ -17,13 +17,6 @@
 
 #define RELAXED memory_order_relaxed
 
-const uint64_t metrics_bounds_ns[METRICS_NBOUNDS] = {
-    1000,       1778,       3162,       5623,       10000,      17780,
-    31620,      56230,      100000,     177800,     316200,     562300,
-    1000000,    1778000,    3162000,    5623000,    10000000,   17780000,
-    31620000,   56230000,   100000000,  177800000,  316200000,  562300000,
-    1000000000, 1778000000, 3162000000, 5623000000, 10000000000};
-
 static const char *const cmd_names[METRICS_NCMDS] = {
     "read",         "write",        "flush", "trim",
     "write_zeroes", "block_status", "cache", "other"};
@@ -36,16 +29,22 @@ static const char *const refusal_names[METRICS_NREFUSALS] = {
  * practice. */
 #define DEFAULT_EXPORT_LABEL "(default)"
 
-struct metrics *metrics_create(size_t nexports, const char *const *names,
-                               const uint64_t *sizes) {
+struct metrics *metrics_create_for(enum metrics_frontend f) {
   struct metrics *m = calloc(1, sizeof *m);
   if (!m)
     return NULL;
+  m->frontend = f;
   pthread_mutex_init(&m->lock, NULL);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   m->start_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-  for (size_t i = 0; i < nexports; i++) {
+  return m;
+}
+
+struct metrics *metrics_create(size_t nexports, const char *const *names,
+                               const uint64_t *sizes) {
+  struct metrics *m = metrics_create_for(METRICS_NBD);
+  for (size_t i = 0; m && i < nexports; i++) {
     if (!metrics_export_get(m, names[i], sizes[i])) {
       metrics_free(m);
       return NULL;
@@ -131,12 +130,6 @@ void metrics_exports_retire(struct metrics *m) {
   pthread_mutex_unlock(&m->lock);
 }
 
-uint64_t metrics_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type) {
   switch (nbd_type) {
   case NBD_CMD_READ: return METRICS_READ;
@@ -186,59 +179,39 @@ void metrics_export_closed(struct metrics_export *e) {
   sub(&e->conns_open, 1);
 }
 
-/* What a request holds in flight: the data of a read or write. */
-static uint64_t data_bytes(enum metrics_cmd cmd, uint64_t length) {
-  return cmd == METRICS_READ || cmd == METRICS_WRITE ? length : 0;
-}
-
-uint64_t metrics_req_start(struct metrics_export *e, enum metrics_cmd cmd,
-                           uint64_t length) {
-  add(&e->inflight, 1);
-  add(&e->inflight_bytes, data_bytes(cmd, length));
-  return metrics_now_ns();
-}
-
-/* A binary search: five comparisons on the request path. */
-size_t metrics_bucket_of(uint64_t ns) {
-  size_t lo = 0, hi = METRICS_NBOUNDS; /* the answer is in [lo, hi] */
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    if (ns <= metrics_bounds_ns[mid])
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return lo;
-}
-
-void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
-                     uint64_t ns, uint64_t bytes, bool err) {
-  struct metrics_cmd_stats *s = &e->cmd[cmd];
-  add(&s->bucket[metrics_bucket_of(ns)], 1);
-  add(&s->sum_ns, ns);
-  if (err)
-    add(&s->errors, 1);
-  else if (cmd == METRICS_READ)
-    add(&e->bytes_read, bytes);
-  else if (cmd == METRICS_WRITE)
-    add(&e->bytes_written, bytes);
-}
-
-void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
-                      uint64_t start, uint64_t length, bool err) {
-  uint64_t now = metrics_now_ns();
-  metrics_observe(e, cmd, now > start ? now - start : 0, length, err);
-  sub(&e->inflight_bytes, data_bytes(cmd, length));
-  sub(&e->inflight, 1);
-}
-
 /* ---- rendering ---- */
+
+/* How each front end's entries are named (enum metrics_frontend). */
+static const struct frontend_names {
+  const char *family; /* before the request families' names */
+  const char *entry;  /* before "info" and "size_bytes" */
+  const char *label;  /* the entries' label */
+  const char *duration_help;
+} frontend_names[] = {
+    [METRICS_NBD] = {"", "export_", "export",
+                     "Time from a request's arrival (its header parsed) to "
+                     "its reply leaving the socket."},
+    [METRICS_MOUNT] = {"mount_", "mount_", "mountpoint",
+                       "Time from a FUSE request's arrival to its reply to "
+                       "the kernel."},
+    [METRICS_VHOST] = {"vhost_", "vhost_", "socket",
+                       "Time from a guest's request leaving its queue to its "
+                       "completion."},
+};
 
 /* Text appended to a fixed buffer; len counts what did not fit too. */
 struct out {
   char *buf;
   size_t cap, len;
+  const struct frontend_names *fe;
 };
+
+/* FE's family PREFIX+BASE in BUF. */
+static const char *family(char *buf, size_t n, const char *prefix,
+                          const char *base) {
+  snprintf(buf, n, "%s%s", prefix, base);
+  return buf;
+}
 
 __attribute__((format(printf, 2, 3))) static void put(struct out *o,
                                                       const char *fmt, ...) {
@@ -281,7 +254,7 @@ static void put_header(struct out *o, const char *name, const char *type,
 }
 
 static void put_export_label(struct out *o, const struct metrics_export *e) {
-  put(o, "export=\"");
+  put(o, "%s=\"", o->fe->label);
   put_label_value(o, e->name[0] ? e->name : DEFAULT_EXPORT_LABEL);
   put_char(o, '"');
 }
@@ -378,16 +351,16 @@ static uint64_t v_conns_total(const struct metrics_export *e) {
   return get(&e->conns_total);
 }
 static uint64_t v_inflight(const struct metrics_export *e) {
-  return get(&e->inflight);
+  return get(&e->req.inflight);
 }
 static uint64_t v_inflight_bytes(const struct metrics_export *e) {
-  return get(&e->inflight_bytes);
+  return get(&e->req.inflight_bytes);
 }
 static uint64_t v_read(const struct metrics_export *e) {
-  return get(&e->bytes_read);
+  return get(&e->req.bytes_read);
 }
 static uint64_t v_written(const struct metrics_export *e) {
-  return get(&e->bytes_written);
+  return get(&e->req.bytes_written);
 }
 static uint64_t v_one(const struct metrics_export *e) {
   (void)e;
@@ -411,12 +384,18 @@ static void render_per_export(const struct metrics *m, struct out *o,
 }
 
 static void render_exports(const struct metrics *m, struct out *o) {
-  render_per_export(m, o, "export_info", "gauge",
-                    "Always 1, for each export served; a reload drops the "
-                    "series of the exports it removes.",
+  char name[64];
+  const char *entry = o->fe->entry;
+  render_per_export(m, o, family(name, sizeof name, entry, "info"), "gauge",
+                    m->frontend == METRICS_NBD
+                        ? "Always 1, for each export served; a reload drops "
+                          "the series of the exports it removes."
+                        : "Always 1, for the disk served.",
                     v_one, true);
-  render_per_export(m, o, "export_size_bytes", "gauge", "Size of each export.",
-                    v_size, true);
+  render_per_export(m, o, family(name, sizeof name, entry, "size_bytes"),
+                    "gauge", "Size of the disk.", v_size, true);
+  if (m->frontend != METRICS_NBD)
+    return;
   render_per_export(m, o, "export_connections", "gauge",
                     "Connections in transmission on each export.", v_conns,
                     false);
@@ -445,7 +424,8 @@ static void render_cmd_counter(const struct metrics *m, struct out *o,
     const struct metrics_export *e = m->exports[i];
     for (size_t c = 0; c < METRICS_NCMDS; c++) {
       snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
-      uint64_t v = errors ? get(&e->cmd[c].errors) : cmd_count(&e->cmd[c]);
+      uint64_t v =
+          errors ? get(&e->req.cmd[c].errors) : cmd_count(&e->req.cmd[c]);
       put_export_sample(o, name, e, extra, v);
     }
   }
@@ -453,9 +433,11 @@ static void render_cmd_counter(const struct metrics *m, struct out *o,
 
 static void render_histogram(const struct metrics_export *e, size_t c,
                              struct out *o) {
-  const struct metrics_cmd_stats *s = &e->cmd[c];
-  char extra[64];
+  const struct metrics_cmd_stats *s = &e->req.cmd[c];
+  const char *pre = o->fe->family;
+  char extra[64], name[64];
   uint64_t cum = 0;
+  family(name, sizeof name, pre, "request_duration_seconds_bucket");
   for (size_t b = 0; b < METRICS_NBUCKETS; b++) {
     cum += get(&s->bucket[b]);
     if (b < METRICS_NBOUNDS)
@@ -463,33 +445,40 @@ static void render_histogram(const struct metrics_export *e, size_t c,
                (double)metrics_bounds_ns[b] / 1e9);
     else
       snprintf(extra, sizeof extra, "cmd=\"%s\",le=\"+Inf\"", cmd_names[c]);
-    put_export_sample(o, "request_duration_seconds_bucket", e, extra, cum);
+    put_export_sample(o, name, e, extra, cum);
   }
-  put(o, "blockport_request_duration_seconds_sum{");
+  put(o, "blockport_%srequest_duration_seconds_sum{", pre);
   put_export_label(o, e);
   put(o, ",cmd=\"%s\"} ", cmd_names[c]);
   put_seconds(o, get(&s->sum_ns));
   snprintf(extra, sizeof extra, "cmd=\"%s\"", cmd_names[c]);
-  put_export_sample(o, "request_duration_seconds_count", e, extra, cum);
+  put_export_sample(
+      o, family(name, sizeof name, pre, "request_duration_seconds_count"), e,
+      extra, cum);
 }
 
 static void render_requests(const struct metrics *m, struct out *o) {
-  render_cmd_counter(m, o, "requests_total", "Requests answered.", false);
-  render_cmd_counter(m, o, "request_errors_total",
+  const char *pre = o->fe->family;
+  char name[64];
+  render_cmd_counter(m, o, family(name, sizeof name, pre, "requests_total"),
+                     "Requests answered.", false);
+  render_cmd_counter(m, o,
+                     family(name, sizeof name, pre, "request_errors_total"),
                      "Requests answered with an error.", true);
-  render_per_export(m, o, "requests_in_flight", "gauge",
-                    "Requests received and not yet answered.", v_inflight,
+  render_per_export(m, o, family(name, sizeof name, pre, "requests_in_flight"),
+                    "gauge", "Requests received and not yet answered.",
+                    v_inflight, false);
+  render_per_export(
+      m, o, family(name, sizeof name, pre, "requests_in_flight_bytes"), "gauge",
+      "Data of the reads and writes in flight.", v_inflight_bytes, false);
+  render_per_export(m, o, family(name, sizeof name, pre, "read_bytes_total"),
+                    "counter", "Bytes read by successful requests.", v_read,
                     false);
-  render_per_export(m, o, "requests_in_flight_bytes", "gauge",
-                    "Data of the reads and writes in flight.", v_inflight_bytes,
-                    false);
-  render_per_export(m, o, "read_bytes_total", "counter",
-                    "Bytes read by successful requests.", v_read, false);
-  render_per_export(m, o, "written_bytes_total", "counter",
-                    "Bytes written by successful requests.", v_written, false);
-  put_header(o, "request_duration_seconds", "histogram",
-             "Time from a request's arrival to its reply leaving the "
-             "socket.");
+  render_per_export(m, o, family(name, sizeof name, pre, "written_bytes_total"),
+                    "counter", "Bytes written by successful requests.",
+                    v_written, false);
+  put_header(o, family(name, sizeof name, pre, "request_duration_seconds"),
+             "histogram", o->fe->duration_help);
   for (size_t i = 0; i < m->nexports; i++)
     for (size_t c = 0; c < METRICS_NCMDS; c++)
       render_histogram(m->exports[i], c, o);
@@ -527,12 +516,13 @@ static void render_stat(const struct bd_stat *s, void *ctx) {
 }
 
 size_t metrics_render(struct metrics *m, char *buf, size_t cap) {
-  struct out o = {buf, cap, 0};
+  struct out o = {buf, cap, 0, &frontend_names[m->frontend]};
   if (cap)
     buf[0] = '\0';
   render_process(m, &o);
   pthread_mutex_lock(&m->lock); /* a reload may add exports meanwhile */
-  render_server(m, &o);
+  if (m->frontend == METRICS_NBD)
+    render_server(m, &o);
   render_exports(m, &o);
   render_requests(m, &o);
   struct stat_render sr = {m, &o};

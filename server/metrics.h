@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
-/* Server metrics for Prometheus: counters kept with relaxed atomics on the
- * request path, rendered as the text exposition format on a scrape.
+/* Metrics for Prometheus: counters kept with relaxed atomics on the
+ * request path, rendered as the text exposition format on a scrape, and
+ * the HTTP endpoint that serves them.  `serve`, `mount` and `vhost`
+ * --metrics each make one struct metrics for their kind of front end: an
+ * NBD server's entries are its exports, a mount's its mount point, a vhost
+ * device's its socket.
  *
- * Collection is off unless `serve --metrics` created a struct metrics;
- * callers check the pointer first, so the default path takes no
- * timestamps and touches no shared counters. */
+ * Collection is off unless --metrics created a struct metrics; callers
+ * check the pointer first, so the default path takes no timestamps and
+ * touches no shared counters. */
 #ifndef BLOCKPORT_METRICS_H
 #define BLOCKPORT_METRICS_H
 
@@ -14,25 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum metrics_cmd {
-  METRICS_READ,
-  METRICS_WRITE,
-  METRICS_FLUSH,
-  METRICS_TRIM,
-  METRICS_WRITE_ZEROES,
-  METRICS_BLOCK_STATUS,
-  METRICS_CACHE,
-  METRICS_OTHER, /* rejected commands of unknown type */
-  METRICS_NCMDS
-};
-
-/* Latency bucket bounds in ns: 1 µs to 10 s, four per decade (1, 1.778,
- * 3.162, 5.623 times a power of ten); the last bucket is +Inf. */
-#define METRICS_NBOUNDS 29
-#define METRICS_NBUCKETS (METRICS_NBOUNDS + 1)
-extern const uint64_t metrics_bounds_ns[METRICS_NBOUNDS];
-/* The bucket a request of NS nanoseconds falls in. */
-size_t metrics_bucket_of(uint64_t ns);
+#include "core/reqstats.h"
 
 /* Why a connection was turned away before it could choose an export. */
 enum metrics_refusal {
@@ -43,20 +29,17 @@ enum metrics_refusal {
   METRICS_NREFUSALS
 };
 
-struct metrics_cmd_stats {
-  atomic_uint_least64_t bucket[METRICS_NBUCKETS]; /* not cumulative */
-  atomic_uint_least64_t sum_ns;
-  atomic_uint_least64_t errors;
-};
+/* Which front end a struct metrics describes: it names the families and
+ * the label of its entries (blockport_requests_total{export=...},
+ * blockport_mount_requests_total{mountpoint=...},
+ * blockport_vhost_requests_total{socket=...}). */
+enum metrics_frontend { METRICS_NBD, METRICS_MOUNT, METRICS_VHOST };
 
 /* One export's counters; aligned so exports do not share cache lines. */
 struct metrics_export {
   _Alignas(64) atomic_uint_least64_t conns_open;
   atomic_uint_least64_t conns_total;
-  atomic_uint_least64_t inflight;
-  atomic_uint_least64_t inflight_bytes; /* of reads and writes */
-  atomic_uint_least64_t bytes_read, bytes_written;
-  struct metrics_cmd_stats cmd[METRICS_NCMDS];
+  struct metrics_reqs req;
   atomic_uint_least64_t size;
   atomic_bool active; /* in the current configuration */
   char *name;
@@ -71,6 +54,7 @@ struct metrics_export {
  * freed before the whole struct, so connections may keep pointers to
  * them.  The default export, named "", is labelled export="(default)". */
 struct metrics {
+  enum metrics_frontend frontend;
   atomic_uint_least64_t conns_open; /* including those in the handshake */
   atomic_uint_least64_t conns_accepted;
   atomic_uint_least64_t refused[METRICS_NREFUSALS];
@@ -84,6 +68,9 @@ struct metrics {
  * copied). */
 struct metrics *metrics_create(size_t nexports, const char *const *names,
                                const uint64_t *sizes);
+/* For a mount or a vhost device: no entries yet (metrics_export_get()
+ * makes the one it has, named by its mount point or socket). */
+struct metrics *metrics_create_for(enum metrics_frontend f);
 void metrics_free(struct metrics *m);
 /* The counters of export NAME, created on first use; marked active, with
  * SIZE as its size.  NULL when out of memory. */
@@ -97,8 +84,6 @@ struct bd_stat_scope *metrics_export_sources(struct metrics *m,
  * exports again. */
 void metrics_exports_retire(struct metrics *m);
 
-/* Monotonic nanoseconds. */
-uint64_t metrics_now_ns(void);
 enum metrics_cmd metrics_cmd_of_nbd(uint16_t nbd_type);
 
 void metrics_conn_accepted(struct metrics *m);
@@ -106,19 +91,6 @@ void metrics_conn_closed(struct metrics *m);
 void metrics_conn_refused(struct metrics *m, enum metrics_refusal why);
 void metrics_export_opened(struct metrics_export *e);
 void metrics_export_closed(struct metrics_export *e);
-/* A request of command CMD for LENGTH bytes has arrived: counted in
- * flight (with its bytes, for a read or write).  Returns its start time. */
-uint64_t metrics_req_start(struct metrics_export *e, enum metrics_cmd cmd,
-                           uint64_t length);
-/* That request's reply has left (or will never leave): START and LENGTH
- * as given to metrics_req_start(), ERR when it failed.  A successful read
- * or write counts LENGTH bytes moved. */
-void metrics_req_done(struct metrics_export *e, enum metrics_cmd cmd,
-                      uint64_t start, uint64_t length, bool err);
-/* Count a finished request that took NS nanoseconds (for tests). */
-void metrics_observe(struct metrics_export *e, enum metrics_cmd cmd,
-                     uint64_t ns, uint64_t bytes, bool err);
-
 /* Render M in the Prometheus text format into BUF (CAP bytes, always
  * NUL-terminated when CAP > 0).  Returns the length the whole text needs,
  * excluding the NUL, as snprintf does. */

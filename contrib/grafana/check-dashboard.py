@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
 """Check that every metric a Grafana dashboard's queries use is one a
-scrape of blockport serve --metrics exposes, so the dashboard cannot
-silently rot when a metric is renamed.
+scrape of blockport serve, mount or vhost --metrics exposes, so the
+dashboard cannot silently rot when a metric is renamed.
 
-    check-dashboard.py DASHBOARD.json SCRAPE.txt
+    check-dashboard.py [--only PREFIX] [--except PREFIX]... DASHBOARD.json SCRAPE.txt
+
+--only checks just the names starting with PREFIX (the mount's rows
+against a mount's scrape: blockport_mount_), --except skips those (a
+serve scrape has no mount or vhost families).
 
 Metric names are the identifiers in the queries (targets' "expr", and the
 "query"/"definition" of template variables) that start with "blockport_"
@@ -39,13 +43,25 @@ def exposed(scrape):
 
 
 def main():
-    with open(sys.argv[1]) as f:
+    args, only, skip = sys.argv[1:], None, []
+    while args and args[0] in ("--only", "--except") and len(args) > 1:
+        if args[0] == "--only":
+            only = args[1]
+        else:
+            skip.append(args[1])
+        args = args[2:]
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    with open(args[0]) as f:
         dashboard = json.load(f)
-    with open(sys.argv[2]) as f:
+    with open(args[1]) as f:
         have = exposed(f.read())
     used = set()
     for q in queries(dashboard):
-        used.update(NAME.findall(q))
+        used.update(n for n in NAME.findall(q)
+                    if (only is None or n.startswith(only))
+                    and not any(n.startswith(x) for x in skip))
     if not used:
         print("the dashboard uses no blockport metric", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@
 # its counters.
 # test-metrics-load.sh scrapes under load with 50 idle HTTP clients.
 source "$(dirname "$0")/lib.sh"
+TREE=$(cd "$(dirname "$0")/../.." && pwd)
 require fio curl
 fio --enghelp=nbd >/dev/null 2>&1 || skip "fio has no nbd engine"
 
@@ -377,3 +378,59 @@ expect "$m" 'blockport_read_bytes_total{export="gone"}' 4096
 ok "export_info and size of 'gone' dropped; its counters kept"
 
 stop_server
+
+# ---- mount --metrics: the same endpoint, the mount's own families ----
+check "mount --metrics: requests, bytes and the qcow2 cache, by mount point"
+if ! can_mount || [[ $(id -u) -ne 0 ]]; then
+    skip_case "cannot mount FUSE here"
+else
+    MNT=$T/mnt
+    mkdir -p "$MNT"
+    is_mounted() { awk -v m="$1" '$2 == m {f = 1} END {exit !f}' /proc/self/mounts; }
+    trap 'rc=$?; set +e; is_mounted "$MNT" && fusermount3 -u -z "$MNT"; (exit $rc); _cleanup' EXIT
+    qemu-img create -q -f qcow2 "$T/m.qcow2" 8M
+    rc=0
+    "$BLOCKPORT" mount --foreground --metrics 999.1.1.1:1 "$T/m.qcow2" "$MNT" \
+        >"$T/mbad.log" 2>&1 || rc=$?
+    [[ $rc -eq 1 ]] && grep -q -- "--metrics 999.1.1.1:1: " "$T/mbad.log" ||
+        fail "a bad --metrics address: exit $rc, $(cat "$T/mbad.log")"
+    for attempt in 1 2 3 4 5; do
+        MPORT=$(_free_port)
+        rm -f "$T/mount.pid"
+        "${_env_reset[@]}" "$BLOCKPORT" mount --foreground -P "$T/mount.pid" \
+            --metrics "127.0.0.1:$MPORT" "$T/m.qcow2" "$MNT" </dev/null \
+            >"$T/mount.log" 2>&1 &
+        MOUNT_PID=$!
+        track_pid "$MOUNT_PID"
+        wait_file 15 "$T/mount.pid" "$MOUNT_PID" && break
+        ((attempt < 5)) || fail "mount not live: $(tail -3 "$T/mount.log")"
+    done
+    MURL="http://127.0.0.1:$MPORT/metrics"
+    dd if=/dev/urandom of="$MNT/m" bs=64k count=4 oflag=direct conv=notrunc \
+        status=none || fail "writing through the mount"
+    dd if="$MNT/m" of=/dev/null bs=64k count=2 iflag=direct status=none ||
+        fail "reading through the mount"
+    L="mountpoint=\"$MNT\""
+    mount_counted() {
+        m=$(scrape) &&
+            [[ $(value "$m" "blockport_mount_requests_total{$L,cmd=\"read\"}") == 2 ]]
+    }
+    wait_until 5 mount_counted || fail "2 reads not counted: $(grep mount_requests <<<"$m")"
+    expect "$m" "blockport_mount_requests_total{$L,cmd=\"write\"}" 4
+    expect "$m" "blockport_mount_written_bytes_total{$L}" 262144
+    expect "$m" "blockport_mount_read_bytes_total{$L}" 131072
+    expect "$m" "blockport_mount_info{$L}" 1
+    expect "$m" "blockport_mount_size_bytes{$L}" 8388608
+    expect "$m" "blockport_mount_request_duration_seconds_count{$L,cmd=\"write\"}" 4
+    misses=$(value "$m" "blockport_qcow2_l2_cache_misses_total{$L}")
+    [[ $misses =~ ^[0-9]+$ ]] && ((misses >= 1)) || fail "L2 cache misses: $misses"
+    # Not the NBD server's families; the dashboard's mount row is served.
+    expect "$m" blockport_connections missing
+    printf '%s\n' "$m" >"$T/mount-scrape.txt"
+    "$PY" "$TREE/contrib/grafana/check-dashboard.py" --only blockport_mount_ \
+        "$TREE/contrib/grafana/blockport-dashboard.json" "$T/mount-scrape.txt" ||
+        fail "the dashboard's mount row uses metrics the mount does not expose"
+    fusermount3 -u "$MNT"
+    wait_until 20 _pid_gone "$MOUNT_PID" || fail "the mount did not exit"
+    ok "reads, writes, bytes, size and the L2 cache under $L"
+fi

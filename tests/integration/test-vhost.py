@@ -196,6 +196,74 @@ def case_read_write_across_regions(env):
     env.stop(p)
 
 
+def scrape(url):
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def sample(text, name):
+    """The value of the series NAME (with its labels) in TEXT, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_metrics(env):
+    """vhost --metrics: the guest's requests by type, under its socket."""
+    if not shutil.which("qemu-img"):
+        raise Skip("no qemu-img")
+    img = env.path("disk.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", img, "16M"],
+                   check=True)
+    port = free_port()
+    p = env.vhost(img, "--metrics", "127.0.0.1:%d" % port)
+    fe, g, q, blk, _ = session(env, p.sock)
+    eq(blk.run(0, T_OUT, 0, data=pattern(8192, 3))[0], S_OK, "write")
+    eq(blk.run(1, T_IN, 0, nbytes=4096)[0], S_OK, "read")
+    eq(blk.run(2, T_FLUSH, 0)[0], S_OK, "flush")
+    eq(blk.run(3, 0x77, 0, nbytes=512)[0], S_UNSUPP, "unknown type")
+    text = scrape("http://127.0.0.1:%d/metrics" % port)
+    lab = 'socket="%s"' % p.sock
+    want = {
+        'blockport_vhost_requests_total{%s,cmd="write"}' % lab: 1,
+        'blockport_vhost_requests_total{%s,cmd="read"}' % lab: 1,
+        'blockport_vhost_requests_total{%s,cmd="flush"}' % lab: 1,
+        'blockport_vhost_requests_total{%s,cmd="other"}' % lab: 1,
+        'blockport_vhost_request_errors_total{%s,cmd="other"}' % lab: 1,
+        'blockport_vhost_written_bytes_total{%s}' % lab: 8192,
+        'blockport_vhost_read_bytes_total{%s}' % lab: 4096,
+        'blockport_vhost_requests_in_flight{%s}' % lab: 0,
+        'blockport_vhost_size_bytes{%s}' % lab: 16 * MiB,
+    }
+    for name, value in want.items():
+        eq(sample(text, name), value, name)
+    misses = sample(text, 'blockport_qcow2_l2_cache_misses_total{%s}' % lab)
+    check(misses is not None and misses >= 1, "L2 cache misses: %s" % misses)
+    # The dashboard's vhost row asks for nothing the scrape lacks.
+    scraped = env.path("scrape.txt")
+    with open(scraped, "w") as f:
+        f.write(text)
+    grafana = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "..", "..", "contrib", "grafana")
+    r = subprocess.run([sys.executable,
+                        os.path.join(grafana, "check-dashboard.py"), "--only",
+                        "blockport_vhost_",
+                        os.path.join(grafana, "blockport-dashboard.json"),
+                        scraped], capture_output=True, text=True)
+    eq(r.returncode, 0, "check-dashboard: " + r.stderr)
+    fe.close()
+    env.stop(p)
+
+
 def case_queue_depth_over_nbd(env):
     uri = env.nbd_serve("memory:64M")
     p = env.vhost(uri, "--connections", "2")

@@ -74,12 +74,12 @@ Test(metrics, counters) {
   metrics_conn_closed(m);
   struct metrics_export *a = m->exports[0], *b = m->exports[1];
   metrics_export_opened(b);
-  metrics_observe(a, METRICS_READ, 1000, 4096, false);
-  metrics_observe(a, METRICS_READ, 1000, 4096, false);
-  metrics_observe(a, METRICS_READ, 1000, 4096, true);
-  metrics_observe(b, METRICS_WRITE, 1000, 512, false);
-  uint64_t t0 = metrics_req_start(b, METRICS_FLUSH, 0);
-  uint64_t t1 = metrics_req_start(b, METRICS_READ, 65536);
+  metrics_observe(&a->req, METRICS_READ, 1000, 4096, false);
+  metrics_observe(&a->req, METRICS_READ, 1000, 4096, false);
+  metrics_observe(&a->req, METRICS_READ, 1000, 4096, true);
+  metrics_observe(&b->req, METRICS_WRITE, 1000, 512, false);
+  uint64_t t0 = metrics_req_start(&b->req, METRICS_FLUSH, 0);
+  uint64_t t1 = metrics_req_start(&b->req, METRICS_READ, 65536);
   char *t = render(m);
   cr_assert_eq(sample(t, "blockport_connections"), 1);
   cr_assert_eq(sample(t, "blockport_connections_accepted_total"), 2);
@@ -97,8 +97,8 @@ Test(metrics, counters) {
   cr_assert_eq(sample(t, "blockport_requests_in_flight_bytes{export=\"b\"}"),
                65536);
   free(t);
-  metrics_req_done(b, METRICS_FLUSH, t0, 0, false);
-  metrics_req_done(b, METRICS_READ, t1, 65536, false);
+  metrics_req_done(&b->req, METRICS_FLUSH, t0, 0, false);
+  metrics_req_done(&b->req, METRICS_READ, t1, 65536, false);
   t = render(m);
   cr_assert_eq(sample(t, "blockport_requests_in_flight{export=\"b\"}"), 0);
   cr_assert_eq(sample(t, "blockport_requests_in_flight_bytes{export=\"b\"}"),
@@ -116,7 +116,7 @@ Test(metrics, histogram_is_cumulative) {
   /* 10us (on a bound: le is inclusive), 50us, 300us, 2ms, 5s */
   uint64_t ns[] = {10000, 50000, 300000, 2000000, 5000000000ull};
   for (size_t i = 0; i < 5; i++)
-    metrics_observe(m->exports[0], METRICS_WRITE, ns[i], 1, false);
+    metrics_observe(&m->exports[0]->req, METRICS_WRITE, ns[i], 1, false);
   char *t = render(m);
   const char *p = "blockport_request_duration_seconds_bucket{export=\"x\","
                   "cmd=\"write\",le=";
@@ -161,7 +161,7 @@ Test(metrics, exports_survive_reloads) {
   const char *names[] = {"keep", "gone"};
   struct metrics *m = make(2, names);
   struct metrics_export *keep = m->exports[0];
-  metrics_observe(keep, METRICS_READ, 1000, 100, false);
+  metrics_observe(&keep->req, METRICS_READ, 1000, 100, false);
   metrics_exports_retire(m);
   cr_assert_eq(metrics_export_get(m, "keep", 7), keep);
   cr_assert_not_null(metrics_export_get(m, "new", 9));
