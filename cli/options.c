@@ -185,13 +185,21 @@ static const struct shared_opt *find(const struct cli_common *c, int ch) {
   return NULL;
 }
 
-static int bad(const struct cli_common *c, const struct shared_opt *t,
-               const char *arg, const char *expected) {
+/* "--NAME ARG: WHY" as a usage error; -1. */
+static int bad_why(const struct cli_common *c, const struct shared_opt *t,
+                   const char *arg, const char *why) {
   char opt[40];
   snprintf(opt, sizeof opt, "%s%s", t->name ? "--" : "-",
            t->name ? t->name : (char[]){(char)t->val, 0});
-  cli_usage_error(c->cmd, "%s %s: expected %s", opt, arg, expected);
+  cli_usage_error(c->cmd, "%s %s: %s", opt, arg, why);
   return -1;
+}
+
+static int bad(const struct cli_common *c, const struct shared_opt *t,
+               const char *arg, const char *expected) {
+  char why[256];
+  snprintf(why, sizeof why, "expected %s", expected);
+  return bad_why(c, t, arg, why);
 }
 
 static int number(const struct cli_common *c, const struct shared_opt *t,
@@ -257,10 +265,22 @@ static int debug_flag(struct cli_common *c, const struct shared_opt *t,
   return add_default(c, t, "nbdkit", "debug", arg);
 }
 
+/* A size that does not parse: what is wrong with it (an unknown suffix, a
+ * number too large), then what a right one looks like. */
+static int bad_size(const struct cli_common *c, const struct shared_opt *t,
+                    const char *arg, const char *expected) {
+  char why[96], what[256];
+  snprintf(what, sizeof what, "%s; %s", bd_size_problem(arg, why, sizeof why),
+           expected);
+  return bad_why(c, t, arg, what);
+}
+
 static int l2_cache(struct cli_common *c, const struct shared_opt *t,
                     const char *arg) {
   uint64_t v;
-  if (bd_parse_size(arg, &v) < 0 || v < QCOW2_L2_CACHE_MIN)
+  if (bd_parse_size(arg, &v) < 0)
+    return bad_size(c, t, arg, "expected a size of at least 64K");
+  if (v < QCOW2_L2_CACHE_MIN)
     return bad(c, t, arg, "a size of at least 64K");
   return add_default(c, t, "qcow2", "l2-cache-size", arg);
 }
@@ -289,7 +309,7 @@ static int replay_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   uint64_t v;
   if (bd_parse_size(arg, &v) < 0)
-    return bad(c, t, arg, "a size (4096, 512K, 64M, ...)");
+    return bad_size(c, t, arg, "expected a size (4096, 512K, 64M, ...)");
   return add_default(c, t, "nbd", "replay-limit", arg);
 }
 
@@ -305,7 +325,7 @@ static int rbd_lock(struct cli_common *c, const struct shared_opt *t,
 static int fleece_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   if (bd_parse_size(arg, &c->ckpt.fleece_limit) < 0)
-    return bad(c, t, arg, "a size (say 10G), 0 for no limit");
+    return bad_size(c, t, arg, "expected a size (say 10G), 0 for no limit");
   return 1;
 }
 

@@ -49,6 +49,9 @@ for src in memory null; do
     expect_msg "$src:12Q" 1 "$src: invalid size '12Q': unknown suffix 'Q' \(use k, M, G, T, P or E\)" \
         "$BLOCKPORT" serve -u "$T/s.sock" "$src:12Q"
 done
+# And in a size option: what is wrong, then what would be right.
+expect_msg "--l2-cache-size 12Q" 1 "^blockport serve: --l2-cache-size 12Q: unknown suffix 'Q' \(use k, M, G, T, P or E\); expected a size of at least 64K$" \
+    "$BLOCKPORT" serve -u "$T/s.sock" --l2-cache-size 12Q null:1M
 
 check "a missing backing file is named with the image that refers to it"
 qemu-img create -q -f qcow2 base.qcow2 1M
