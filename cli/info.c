@@ -30,6 +30,7 @@
 #include "commands.h"
 #include "formats/qcow2/backing-path.h"
 #include "formats/qcow2/info.h"
+#include "snapshot-table.h"
 
 #define MAX_CHAIN 256
 
@@ -190,39 +191,6 @@ static int read_image(const char *path, const char *format, struct image *im) {
 
 /* ---- output ---- */
 
-/* Sizes as QEMU's size_to_str: three significant digits, binary units. */
-static void human_size(char *buf, size_t len, uint64_t v) {
-  static const char *const suffix[] = {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
-  double x = (double)v / (1000.0 / 1024.0);
-  int e = 0;
-  while (x >= 1.0) { /* frexp's exponent without libm */
-    x /= 2;
-    e++;
-  }
-  int i = e > 0 ? (e - 1) / 10 : 0;
-  if (i > 6)
-    i = 6;
-  snprintf(buf, len, "%0.3g %sB", (double)v / (double)(1ull << (i * 10)),
-           suffix[i]);
-}
-
-static void print_snapshot_line(const struct qcow2_snapshot *s) {
-  char size[32], date[32], clock[32], icount[24] = "";
-  human_size(size, sizeof size, s->vm_state_size);
-  time_t t = (time_t)s->date_sec;
-  struct tm tm;
-  localtime_r(&t, &tm);
-  strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", &tm);
-  uint64_t secs = s->vm_clock_nsec / 1000000000;
-  snprintf(clock, sizeof clock, "%02d:%02d:%02d.%03d", (int)(secs / 3600),
-           (int)((secs / 60) % 60), (int)(secs % 60),
-           (int)((s->vm_clock_nsec / 1000000) % 1000));
-  if (s->icount != UINT64_MAX)
-    snprintf(icount, sizeof icount, "%" PRIu64, s->icount);
-  printf("%-9s %-16s %8s%20s%13s%11s\n", s->id, s->name, size, date, clock,
-         icount);
-}
-
 /* FEATURES by the names `rbd info` prints, after SEP. */
 static void print_rbd_features(uint64_t features, const char *sep,
                                bool quoted) {
@@ -244,19 +212,18 @@ static void print_rbd_features(uint64_t features, const char *sep,
 static void print_rbd_human(const struct rbd_admin_info *r) {
   printf("cluster_size: %" PRIu64 "\n", r->object_size);
   if (r->nsnaps) {
-    printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
-           "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+    cli_snapshot_header();
     for (size_t i = 0; i < r->nsnaps; i++) {
       struct qcow2_snapshot s = {.id = r->snaps[i].name,
                                  .name = r->snaps[i].name,
                                  .vm_state_size = r->snaps[i].size,
                                  .date_sec = (uint32_t)r->snaps[i].date_sec,
                                  .icount = UINT64_MAX};
-      print_snapshot_line(&s);
+      cli_snapshot_line(&s);
     }
   }
   char a[32];
-  human_size(a, sizeof a, r->object_size);
+  cli_human_size(a, sizeof a, r->object_size);
   printf("Format specific information:\n    features:");
   print_rbd_features(r->features, ",", false);
   printf("\n    object size: %s\n    order: %d\n", a, r->order);
@@ -265,7 +232,7 @@ static void print_rbd_human(const struct rbd_admin_info *r) {
 static void print_human(const struct image *im) {
   char a[32];
   printf("image: %s\nfile format: %s\n", im->filename, im->format);
-  human_size(a, sizeof a, im->vsize);
+  cli_human_size(a, sizeof a, im->vsize);
   printf("virtual size: %s (%" PRIu64 " bytes)\n", a, im->vsize);
   if (im->remote) {
     printf("disk size: unavailable\n");
@@ -274,7 +241,7 @@ static void print_human(const struct image *im) {
     return;
   }
   /* qemu-img 7.2's lines only: scripts compare them (no file size). */
-  human_size(a, sizeof a, im->actual);
+  cli_human_size(a, sizeof a, im->actual);
   printf("disk size: %s\n", a);
   /* A raw file has nowhere to keep a bitmap: a checkpoint's lives in the
    * server (docs/BACKUP.md).  Said last, after qemu-img's lines. */
@@ -297,10 +264,9 @@ static void print_human(const struct image *im) {
   if (q->dirty)
     printf("cleanly shut down: no\n");
   if (q->nsnaps) {
-    printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG",
-           "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+    cli_snapshot_header();
     for (uint32_t i = 0; i < q->nsnaps; i++)
-      print_snapshot_line(&q->snaps[i]);
+      cli_snapshot_line(&q->snaps[i]);
   }
   printf("Format specific information:\n");
   printf("    compat: %s\n", q->version >= 3 ? "1.1" : "0.10");
