@@ -13,6 +13,7 @@ int convert_main(int argc, char **argv);
 int compare_main(int argc, char **argv);
 int resize_main(int argc, char **argv);
 int bitmap_main(int argc, char **argv);
+int snapshot_main(int argc, char **argv);
 int measure_main(int argc, char **argv);
 int dd_main(int argc, char **argv);
 int mount_main(int argc, char **argv);

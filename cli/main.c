@@ -32,6 +32,8 @@ static const struct command {
     {"compare", compare_main, "whether two images hold the same bytes", true},
     {"resize", resize_main, "grow or shrink a raw, qcow2 or RBD image"},
     {"bitmap", bitmap_main, "change the persistent bitmaps of a qcow2 image"},
+    {"snapshot", snapshot_main, "list, create, apply or delete qcow2 snapshots",
+     true},
     {"measure", measure_main, "how large a new raw or qcow2 image would be",
      true},
     {"dd", dd_main, "copy part of an image into a new one, as dd", true},

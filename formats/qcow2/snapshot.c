@@ -17,6 +17,7 @@ void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb) {
   for (uint32_t i = 0; i < nb; i++) {
     free(s[i].id);
     free(s[i].name);
+    free(s[i].extra);
   }
   free(s);
 }
@@ -90,7 +91,11 @@ static int parse_one(const uint8_t *p, size_t avail, uint32_t i, uint64_t csize,
     return qcow2_err(-EINVAL, "snapshot %u: ID or name contains NUL", i);
   s->id = strndup((const char *)id, id_len);
   s->name = strndup((const char *)name, name_len);
-  if (!s->id || !s->name)
+  s->extra = malloc(extra ? extra : 1);
+  s->extra_len = extra;
+  if (s->extra)
+    memcpy(s->extra, x, extra);
+  if (!s->id || !s->name || !s->extra)
     return qcow2_err(-ENOMEM, "out of memory");
   *elen = (size_t)total;
   return 0;
@@ -153,4 +158,75 @@ int qcow2_read_snapshots(int fd, uint64_t file_size,
     }
     return r;
   }
+}
+
+/* QEMU's extra data: VM state size, disk size, icount. */
+#define KNOWN_EXTRA 24u
+
+static size_t entry_size(const struct qcow2_snapshot *s) {
+  uint32_t extra = s->extra_len > KNOWN_EXTRA ? s->extra_len : KNOWN_EXTRA;
+  return 40 + extra + strlen(s->id) + strlen(s->name);
+}
+
+size_t qcow2_snapshot_table_size(const struct qcow2_snapshot *s, uint32_t nb) {
+  size_t off = 0;
+  for (uint32_t i = 0; i < nb; i++)
+    off = ((off + 7) & ~(size_t)7) + entry_size(&s[i]);
+  return off;
+}
+
+static void write_entry(const struct qcow2_snapshot *s, uint8_t *p) {
+  uint32_t extra = s->extra_len > KNOWN_EXTRA ? s->extra_len : KNOWN_EXTRA;
+  size_t id_len = strlen(s->id), name_len = strlen(s->name);
+  put_be64(p, s->l1_offset);
+  put_be32(p + 8, s->l1_size);
+  put_be16(p + 12, (uint16_t)id_len);
+  put_be16(p + 14, (uint16_t)name_len);
+  put_be32(p + 16, s->date_sec);
+  put_be32(p + 20, s->date_nsec);
+  put_be64(p + 24, s->vm_clock_nsec);
+  put_be32(p + 32, (uint32_t)s->vm_state_size);
+  put_be32(p + 36, extra);
+  uint8_t *x = p + 40;
+  memset(x, 0, extra);
+  if (s->extra_len > KNOWN_EXTRA)
+    memcpy(x + KNOWN_EXTRA, s->extra + KNOWN_EXTRA, s->extra_len - KNOWN_EXTRA);
+  put_be64(x, s->vm_state_size);
+  put_be64(x + 8, s->disk_size);
+  put_be64(x + 16, s->icount);
+  memcpy(x + extra, s->id, id_len);
+  memcpy(x + extra + id_len, s->name, name_len);
+}
+
+void qcow2_snapshot_table_write(const struct qcow2_snapshot *s, uint32_t nb,
+                                uint8_t *buf) {
+  size_t off = 0;
+  for (uint32_t i = 0; i < nb; i++) {
+    size_t start = (off + 7) & ~(size_t)7;
+    memset(buf + off, 0, start - off); /* the padding */
+    write_entry(&s[i], buf + start);
+    off = start + entry_size(&s[i]);
+  }
+}
+
+int qcow2_snapshot_find(const struct qcow2_snapshot *s, uint32_t nb,
+                        const char *id_or_name, bool by_id) {
+  for (uint32_t i = 0; by_id && i < nb; i++)
+    if (!strcmp(s[i].id, id_or_name))
+      return (int)i;
+  for (uint32_t i = 0; i < nb; i++)
+    if (!strcmp(s[i].name, id_or_name))
+      return (int)i;
+  return -1;
+}
+
+void qcow2_snapshot_next_id(const struct qcow2_snapshot *s, uint32_t nb,
+                            char *buf, size_t len) {
+  unsigned long max = 0;
+  for (uint32_t i = 0; i < nb; i++) {
+    unsigned long id = strtoul(s[i].id, NULL, 10);
+    if (id > max)
+      max = id;
+  }
+  snprintf(buf, len, "%lu", max + 1);
 }

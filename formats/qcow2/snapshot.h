@@ -25,6 +25,10 @@ struct qcow2_snapshot {
   uint64_t disk_size;     /* virtual size at snapshot time; UINT64_MAX if
                              not recorded */
   uint64_t icount;        /* UINT64_MAX if not recorded */
+  /* The extra data as read (EXTRA_LEN bytes), kept so that rewriting the
+   * table keeps what a newer writer put past the fields known here. */
+  uint8_t *extra;
+  uint32_t extra_len;
 };
 
 /* Parse NB entries from BUF (LEN bytes, the table starting at offset 0).
@@ -39,6 +43,24 @@ int qcow2_parse_snapshots(const uint8_t *buf, size_t len, uint32_t nb,
                           uint64_t cluster_size, uint64_t file_size,
                           struct qcow2_snapshot **out, size_t *used);
 void qcow2_free_snapshots(struct qcow2_snapshot *s, uint32_t nb);
+
+/* Writing the table (snapshot-edit.c), pure for the unit tests.  Each
+ * entry gets at least the 24 bytes of extra data QEMU writes (VM state
+ * size, disk size, icount: DISK_SIZE must be known), the rest of its
+ * extra data kept; entries are padded to 8 bytes but the last.  The size
+ * of the table, then the table into BUF (that many bytes). */
+size_t qcow2_snapshot_table_size(const struct qcow2_snapshot *s, uint32_t nb);
+void qcow2_snapshot_table_write(const struct qcow2_snapshot *s, uint32_t nb,
+                                uint8_t *buf);
+/* With BY_ID, the snapshot whose ID is ID_OR_NAME, else the first whose
+ * name is (how QEMU finds one to apply); without, only the first whose
+ * name is (qemu-img snapshot -d).  -1 if none. */
+int qcow2_snapshot_find(const struct qcow2_snapshot *s, uint32_t nb,
+                        const char *id_or_name, bool by_id);
+/* The ID QEMU gives a new snapshot: one more than the largest ID read as
+ * a number (strtoul's reading), into BUF. */
+void qcow2_snapshot_next_id(const struct qcow2_snapshot *s, uint32_t nb,
+                            char *buf, size_t len);
 
 struct qcow2_header;
 /* Read the snapshot table H names from FD, a file of FILE_SIZE bytes, in

@@ -8,6 +8,8 @@
 #include <string.h>
 
 #include "core/blockdev.h"
+#include "formats/qcow2/qcow2.h"
+#include "formats/qcow2/snapshot-edit.h"
 #include "formats/qcow2/snapshot.h"
 
 #define CS 65536ull
@@ -181,4 +183,102 @@ Test(snapshot, empty) {
   char err[256];
   cr_assert_eq(parse(NULL, 0, 0, &s, err), 0);
   qcow2_free_snapshots(s, 0);
+}
+
+/* ---- writing the table (snapshot-edit.c) ---- */
+
+/* The table written back parses to the same snapshots: a short extra
+ * grows to QEMU's 24 bytes, a longer one keeps its unknown bytes, the
+ * last entry goes unpadded. */
+Test(snapshot, table_round_trip) {
+  uint8_t b[4096];
+  size_t off = 0, used;
+  put_entry(b, &off, "1", "first", 16);
+  uint8_t *p = put_entry(b, &off, "7", "x", 32);
+  memcpy(p + 40 + 24, "UNKNOWN!", 8);
+  struct qcow2_snapshot *s, *t;
+  cr_assert_eq(qcow2_parse_snapshots(b, off, 2, CS, FILE_SIZE, &s, &used), 0);
+  s[0].disk_size = 5ull << 20; /* not recorded: the caller fills it in */
+  size_t len = qcow2_snapshot_table_size(s, 2);
+  /* 40+24+1+5 = 70, padded to 72; then 40+32+1+1 = 74, unpadded */
+  cr_assert_eq(len, 72 + 74);
+  uint8_t *w = malloc(len);
+  qcow2_snapshot_table_write(s, 2, w);
+  cr_assert_eq(qcow2_parse_snapshots(w, len, 2, CS, FILE_SIZE, &t, &used), 0,
+               "%s", bd_errmsg());
+  cr_assert_eq(used, len);
+  cr_assert_str_eq(t[0].name, "first");
+  cr_assert_eq(t[0].extra_len, 24);
+  cr_assert_eq(t[0].disk_size, 5ull << 20);
+  cr_assert_eq(t[0].icount, UINT64_MAX);
+  cr_assert_eq(t[0].l1_offset, 3 * CS);
+  cr_assert_eq(t[0].l1_size, 2);
+  cr_assert_eq(t[0].date_sec, 1700000000);
+  cr_assert_eq(t[0].date_nsec, 5);
+  cr_assert_eq(t[0].vm_clock_nsec, 3723004000000ull);
+  cr_assert_eq(t[0].vm_state_size, 1ull << 33);
+  cr_assert_str_eq(t[1].id, "7");
+  cr_assert_eq(t[1].extra_len, 32);
+  cr_assert_eq(memcmp(t[1].extra + 24, "UNKNOWN!", 8), 0);
+  cr_assert_eq(t[1].icount, 42);
+  free(w);
+  qcow2_free_snapshots(t, 2);
+  qcow2_free_snapshots(s, 2);
+}
+
+static struct qcow2_snapshot snap(char *id, char *name) {
+  return (struct qcow2_snapshot){.id = id, .name = name};
+}
+
+/* Apply looks an ID up first, then a name; delete names only; the first
+ * match wins. */
+Test(snapshot, find) {
+  struct qcow2_snapshot s[] = {snap("1", "2"), snap("2", "a"), snap("3", "a")};
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "2", true), 1);
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "2", false), 0);
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "a", true), 1);
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "3", true), 2);
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "3", false), -1);
+  cr_assert_eq(qcow2_snapshot_find(s, 3, "b", true), -1);
+  cr_assert_eq(qcow2_snapshot_find(s, 0, "a", true), -1);
+}
+
+/* One more than the largest ID read as a number, as QEMU numbers. */
+Test(snapshot, next_id) {
+  char id[32];
+  qcow2_snapshot_next_id(NULL, 0, id, sizeof id);
+  cr_assert_str_eq(id, "1");
+  struct qcow2_snapshot s[] = {snap("2", ""), snap("10x", ""), snap("b", "")};
+  qcow2_snapshot_next_id(s, 3, id, sizeof id);
+  cr_assert_str_eq(id, "11");
+}
+
+/* The clusters an L2 entry holds a reference to. */
+Test(snapshot, entry_extent) {
+  uint64_t off, len;
+  bool copied;
+  /* 64k clusters: a normal entry, its COPIED flag. */
+  cr_assert(qcow2_entry_extent(16, false, QCOW2_L2_COPIED | 0x50000, &off, &len,
+                               &copied));
+  cr_assert_eq(off, 0x50000);
+  cr_assert_eq(len, 65536);
+  cr_assert(copied);
+  /* A preallocated zero cluster keeps its offset. */
+  cr_assert(qcow2_entry_extent(16, false, 0x70000 | QCOW2_L2_ZERO, &off, &len,
+                               &copied));
+  cr_assert_eq(off, 0x70000);
+  cr_assert(!qcow2_entry_extent(16, false, QCOW2_L2_ZERO, &off, &len, &copied));
+  cr_assert(!qcow2_entry_extent(16, false, 0, &off, &len, &copied));
+  /* Compressed: offset in bits 0-53, sectors-1 above (x = 54 at 64k). */
+  uint64_t e = QCOW2_L2_COMPRESSED | (2ull << 54) | 0x12345;
+  cr_assert(qcow2_entry_extent(16, false, e, &off, &len, &copied));
+  cr_assert_eq(off, 0x12345);
+  cr_assert_eq(len, 3 * 512 - 0x145);
+  cr_assert(!copied);
+}
+
+Test(snapshot, entry_copied) {
+  cr_assert_eq(qcow2_entry_copied(0x50000, 1), QCOW2_L2_COPIED | 0x50000);
+  cr_assert_eq(qcow2_entry_copied(QCOW2_L2_COPIED | 0x50000, 2), 0x50000);
+  cr_assert_eq(qcow2_entry_copied(0x50001, 3), 0x50001);
 }
