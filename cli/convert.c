@@ -33,6 +33,7 @@
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-C] [-U] [-n] [-W] [-f FMT]\n"
+    "                         [-l SNAPSHOT_PARAM]\n"
     "                         -O raw|qcow2\n"
     "                         [-o OPTIONS] [-B BACKING [-F FMT]] [-S SIZE]\n"
     "                         [-m N] [-t CACHE] [-T CACHE]\n"
@@ -53,6 +54,9 @@ static const char convert_usage[] =
     "                (copy_file_range), zeroes in it included; not with\n"
     "                -S or -c\n"
     "  -f FMT        format of SRC instead of probing\n"
+    "  -l SNAPSHOT_PARAM  copy the internal snapshot of a qcow2 SRC that\n"
+    "                snapshot.id=ID and/or snapshot.name=NAME names, or\n"
+    "                one whose ID, else name, is SNAPSHOT_PARAM\n"
     "  -U            read a SRC that another process writes (without it,\n"
     "                such a SRC is refused, as by qemu-img)\n"
     "  -O FMT        format of DST: raw or qcow2 (64k clusters, v3)\n"
@@ -524,6 +528,9 @@ struct convert_args {
   /* --source-option: SRC's format judges them when it opens */
   const char *src_opts[MAX_SOURCE_OPTS];
   size_t nsrc_opts;
+  /* -l: the source options it makes (owned), a qcow2 SRC's snapshot */
+  char *snap_opts[2];
+  size_t nsnap;
 };
 
 static int convert(const char *src_path, const struct convert_args *a,
@@ -542,6 +549,16 @@ static int convert(const char *src_path, const struct convert_args *a,
       share ? BD_OPEN_SHARE
             : BD_OPEN_READONLY | BD_OPEN_UNSHARE_WRITE | BD_OPEN_UNSHARE_RESIZE;
   so.cache = d->src_cache;
+  const char *probed = a->nsnap && !sfmt ? bd_probe_format(src_path) : NULL;
+  if (a->nsnap && strcmp(sfmt ? sfmt : probed ? probed : "", "qcow2")) {
+    cli_error("convert", NULL,
+              "Failed to load snapshot: Block format '%s' used by device '' "
+              "does not support temporarily loading internal snapshots",
+              sfmt     ? sfmt
+              : probed ? probed
+                       : "raw");
+    return 1;
+  }
   so.options = a->src_opts;
   so.noptions = a->nsrc_opts;
   cp.src = bd_open_with(src_path, &so);
@@ -636,6 +653,45 @@ static int dst_options(struct dst_opts *d, const char *list) {
 }
 
 /* One option: 0, or -1 (said). */
+static int add_snap_opt(struct convert_args *a, const char *key, const char *v,
+                        size_t vlen) {
+  char *o = malloc(strlen(key) + vlen + 2);
+  if (!o || a->nsrc_opts == MAX_SOURCE_OPTS) {
+    free(o);
+    cli_error("convert", NULL, "too many source options");
+    return -1;
+  }
+  sprintf(o, "%s=%.*s", key, (int)vlen, v);
+  a->snap_opts[a->nsnap++] = o;
+  a->src_opts[a->nsrc_opts++] = o;
+  return 0;
+}
+
+/* -l SNAPSHOT_PARAM, as qemu-img reads it: snapshot.id=ID and/or
+ * snapshot.name=NAME (comma-separated), or an ID or name. */
+static int snapshot_param(struct convert_args *a, const char *arg) {
+  for (size_t i = 0; i < a->nsnap; i++)
+    free(a->snap_opts[i]);
+  a->nsnap = 0;
+  if (strncmp(arg, "snapshot.", 9))
+    return add_snap_opt(a, "snapshot", arg, strlen(arg));
+  for (const char *p = arg; *p;) {
+    size_t len = strcspn(p, ","), klen = strcspn(p, "=,");
+    bool id = klen == 11 && !strncmp(p, "snapshot.id", 11);
+    bool name = klen == 13 && !strncmp(p, "snapshot.name", 13);
+    if ((!id && !name) || klen == len) {
+      cli_error("convert", NULL, "Invalid parameter '%.*s'", (int)klen, p);
+      cli_error("convert", NULL, "Failed in parsing snapshot param '%s'", arg);
+      return -1;
+    }
+    if (add_snap_opt(a, id ? "snapshot.id" : "snapshot.name", p + klen + 1,
+                     len - klen - 1) < 0)
+      return -1;
+    p += len + (p[len] == ',');
+  }
+  return 0;
+}
+
 /* --source-option KEY=VALUE: the form now, the key when SRC opens. */
 static int source_option(struct convert_args *a, const char *arg) {
   const char *eq = strchr(arg, '=');
@@ -657,6 +713,7 @@ static int convert_option(struct convert_args *a, int ch, const char *arg) {
   case 'U': a->share = true; return 0;
   case 'G': a->plugin = arg; return 0;
   case 'X': return source_option(a, arg);
+  case 'l': return snapshot_param(a, arg);
   case 'p': a->progress = true; return 0;
   case 'c': a->compress = true; return 0;
   case 'f': a->sfmt = arg; return 0;
@@ -725,7 +782,7 @@ static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcCUnWf:O:B:F:t:T:o:S:m:h", longopts,
+  while ((ch = getopt_long(argc, argv, "pcCUnWf:O:B:F:l:t:T:o:S:m:h", longopts,
                            NULL)) != -1) {
     if (ch == 'h') {
       fputs(convert_usage, stdout);
@@ -782,6 +839,8 @@ int convert_main(int argc, char **argv) {
   bd_pool_stop();
 out:
   free(spec);
+  for (size_t i = 0; i < a.nsnap; i++)
+    free(a.snap_opts[i]);
   image_opts_free(&a.d.o);
   return r;
 }

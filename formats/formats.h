@@ -65,8 +65,11 @@ struct bd *qcow2_open(const char *path, const struct bd_open_opts *o);
  * (formats/qcow2/copy-on-read.c). */
 struct bd *qcow2_filters(struct bd *bd, const struct bd_open_opts *o);
 /* Options: l2-cache-size=SIZE, the L2 cache of each image of the chain,
- * at least QCOW2_L2_CACHE_MIN; 32 MiB maps 256 GiB of 64 KiB clusters. */
-#define QCOW2_OPTION_KEYS "l2-cache-size"
+ * at least QCOW2_L2_CACHE_MIN; 32 MiB maps 256 GiB of 64 KiB clusters.
+ * snapshot=ID_OR_NAME, or snapshot.id=ID and/or snapshot.name=NAME: the
+ * image (opened read-only) as that internal snapshot holds it. */
+#define QCOW2_OPTION_KEYS                                                      \
+  "l2-cache-size", "snapshot", "snapshot.id", "snapshot.name"
 #define QCOW2_L2_CACHE_DEFAULT (32u * 1024 * 1024)
 #define QCOW2_L2_CACHE_MIN (64u * 1024)
 

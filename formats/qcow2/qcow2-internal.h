@@ -124,6 +124,12 @@ const uint64_t *l2cache_peek(struct l2cache *c, uint64_t key,
  * flight finishes, so the load cannot overwrite it). */
 void l2cache_set(struct l2cache *c, uint64_t key, size_t i, uint64_t value);
 
+/* snapshot-view.c: with a snapshot named by the options O ("snapshot",
+ * "snapshot.id", "snapshot.name"), its L1 table in place of the active
+ * one (read-only openings only).  0 or -errno with bd_errmsg() set. */
+struct bd_open_opts;
+int qcow2_snapshot_view(struct qcow2dev *q, const struct bd_open_opts *o);
+
 /* qcow2.c */
 /* Open for check.c: FLAGS as qcow2_open()'s (read-write to repair), but
  * not prepared for writes (no refcounts loaded, no dirty repair, no

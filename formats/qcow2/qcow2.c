@@ -971,6 +971,8 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
     }
   }
   if (r == 0)
+    r = qcow2_snapshot_view(q, o);
+  if (r == 0)
     r = open_data_file(q);
   /* Before a writable opening marks the tracked bitmaps in use. */
   if (r == 0)

@@ -142,3 +142,27 @@ run qemu-img create -q -f qcow2 -o data_file=d.raw q.qcow2 1M
 run qemu-img create -q -f qcow2 -o data_file=d2.raw b.qcow2 1M
 both -c x
 ok "the same messages and exit statuses"
+
+check "convert -l: a snapshot's data, named as qemu-img names it"
+run qemu-img create -q -f qcow2 -b "$T/base.qcow2" -F qcow2 c.qcow2 4M
+run qemu-io -c "write -P 8 0 1M" c.qcow2 >/dev/null
+run qemu-img snapshot -c s c.qcow2
+run qemu-img snapshot -c 7 c.qcow2
+run qemu-io -c "write -P 9 512k 1M" c.qcow2 >/dev/null
+for l in s 1 7 snapshot.name=s snapshot.id=2 snapshot.id=1,snapshot.name=s \
+    nope snapshot.id=2,snapshot.name=s snapshot.foo=1; do
+    rm -f want.raw got.raw
+    want=$(qemu-img convert -O raw -l "$l" c.qcow2 want.raw 2>&1
+        echo "exit $?")
+    got=$("$BLOCKPORT" convert -O raw -l "$l" c.qcow2 got.raw 2>&1
+        echo "exit $?")
+    [[ ${got//blockport convert: /qemu-img: } == "$want" ]] ||
+        fail "convert -l $l: qemu-img: $want; blockport: $got"
+    [[ ! -e want.raw ]] || cmp -s want.raw got.raw ||
+        fail "convert -l $l: not the snapshot's data"
+done
+want=$(qemu-img convert -O raw -l s r.img o.raw 2>&1; echo "exit $?")
+got=$("$BLOCKPORT" convert -O raw -l s r.img o.raw 2>&1; echo "exit $?")
+[[ ${got//blockport convert: /qemu-img: } == "$want" ]] ||
+    fail "convert -l of a raw image: qemu-img: $want; blockport: $got"
+ok "the same data, messages and exit statuses"
