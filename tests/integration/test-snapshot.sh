@@ -30,19 +30,24 @@ $got"
 }
 
 # Both clean (no leak, no corruption), equal, and listing the same IDs and
-# names; each program lists either image byte for byte alike.
+# names.
 same() {
-    local img
-    for img in q.qcow2 b.qcow2; do
-        run qemu-img check -q "$img" || fail "$*: qemu-img check $img"
-        cmp -s <(qemu-img snapshot -l "$img") \
-            <("$BLOCKPORT" snapshot -l "$img") ||
-            fail "$*: snapshot -l $img differs from qemu-img's"
-    done
+    run qemu-img check -q q.qcow2 || fail "$*: qemu-img check q.qcow2"
+    run qemu-img check -q b.qcow2 || fail "$*: qemu-img check b.qcow2"
     run qemu-img compare -q q.qcow2 b.qcow2 || fail "$*: the twins differ"
     cmp -s <(qemu-img snapshot -l q.qcow2 | cut -c1-50) \
         <(qemu-img snapshot -l b.qcow2 | cut -c1-50) ||
         fail "$*: the twins list different snapshots"
+}
+
+# Each program lists either twin byte for byte alike.
+lists_alike() {
+    local img
+    for img in q.qcow2 b.qcow2; do
+        cmp -s <(qemu-img snapshot -l "$img") \
+            <("$BLOCKPORT" snapshot -l "$img") ||
+            fail "$*: snapshot -l $img differs from qemu-img's"
+    done
 }
 
 # The data of snapshot $2 of image $1 is the raw file $3.
@@ -67,6 +72,7 @@ scenario() { # scenario IMAGE: the operations on twins of IMAGE
     same "no snapshots"
     both -c s1
     same "create"
+    lists_alike "one snapshot"
     run qemu-img convert -O raw q.qcow2 s1.raw
     write_both "write -P 0x33 60k 72k"
     holds b.qcow2 s1 s1.raw
@@ -75,6 +81,7 @@ scenario() { # scenario IMAGE: the operations on twins of IMAGE
     same "writes after a snapshot"
     both -c s2
     both -c s1 # QEMU takes a name twice: ID 3
+    lists_alike "three snapshots"
     run qemu-img convert -O raw q.qcow2 s2.raw
     write_both "write -P 0x44 0 200k"
     same "two more snapshots, a write"
@@ -83,6 +90,7 @@ scenario() { # scenario IMAGE: the operations on twins of IMAGE
     same "apply"
     both -d s1
     same "delete"
+    lists_alike "two snapshots left"
     both -a 2 # by ID
     run qemu-img compare -q b.qcow2 s2.raw || fail "apply 2: not its data"
     both -d s2
