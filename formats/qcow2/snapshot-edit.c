@@ -367,9 +367,10 @@ static int delete (struct qcow2dev *q, const char *name) {
   if (r < 0)
     return r;
   int i = qcow2_snapshot_find(t.s, t.n, name, false);
-  if (i < 0) {
+  r = i < 0 ? not_found() : refuse_data_file(q);
+  if (r < 0) {
     qcow2_free_snapshots(t.s, t.n);
-    return not_found();
+    return r;
   }
   known_sizes(q, &t);
   struct qcow2_snapshot gone = t.s[i];
@@ -465,8 +466,9 @@ static int apply(struct bd *bd, struct qcow2dev *q, const char *id_or_name) {
     bd_set_error("Failed to load snapshot: %s", strerror(ENOENT));
     return -ENOENT;
   }
+  r = refuse_data_file(q); /* before anything changes */
   uint64_t size = t.s[i].disk_size;
-  if (size != UINT64_MAX && size != q->h.size) {
+  if (r == 0 && size != UINT64_MAX && size != q->h.size) {
     pthread_mutex_unlock(&q->meta);
     r = bd_resize(bd, size, BD_PREALLOC_OFF);
     if (r == 0)
