@@ -114,7 +114,7 @@ check "--source-option and option =: the format's keys only, and they take effec
 "$BLOCKPORT" create -f qcow2 x.qcow2 1M >/dev/null
 rc=0
 "$BLOCKPORT" serve --check-config --source-option timeout=5 x.qcow2 >out.txt 2>&1 || rc=$?
-[[ $rc -eq 1 ]] && grep -qF "qcow2: unknown option 'timeout' (known: l2-cache-size)" out.txt ||
+[[ $rc -eq 1 ]] && grep -qF "qcow2: unknown option 'timeout' (known: l2-cache-size, snapshot, snapshot.id, snapshot.name)" out.txt ||
     { cat out.txt; fail "a qcow2 image took timeout=5 (exit $rc)"; }
 printf '[export a]\npath = x.qcow2\noption = connections=2\n' >bad.conf
 rc=0
@@ -123,7 +123,7 @@ rc=0
     { cat out.txt; fail "option = connections=2 on a qcow2 image: exit $rc"; }
 rc=0
 "$BLOCKPORT" convert -O raw --source-option timeout=5 x.qcow2 y.raw >out.txt 2>&1 || rc=$?
-[[ $rc -eq 1 ]] && grep -qxF "blockport convert: qcow2: unknown option 'timeout' (known: l2-cache-size)" out.txt ||
+[[ $rc -eq 1 ]] && grep -qxF "blockport convert: qcow2: unknown option 'timeout' (known: l2-cache-size, snapshot, snapshot.id, snapshot.name)" out.txt ||
     { cat out.txt; fail "convert: a qcow2 SRC took timeout=5 (exit $rc)"; }
 "$BLOCKPORT" convert -O raw --source-option l2-cache-size=1M x.qcow2 y.raw >out.txt 2>&1 ||
     { cat out.txt; fail "convert: l2-cache-size=1M refused on a qcow2 SRC"; }
