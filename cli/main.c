@@ -37,6 +37,7 @@ static const struct command {
     {"measure", measure_main, "how large a new raw or qcow2 image would be",
      true},
     {"dd", dd_main, "copy part of an image into a new one, as dd", true},
+    {"amend", amend_main, "change the options of a qcow2 image in place"},
 };
 
 static void usage(FILE *f) {

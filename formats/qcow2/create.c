@@ -37,7 +37,8 @@ static const struct {
     {2, 1, "raw external data"},
 };
 #define NFEATURES (sizeof features / sizeof features[0])
-#define FEATURE_TABLE_BYTES (8 + NFEATURES * 48)
+#define FEATURE_TABLE_BYTES (8 + QCOW2_FEATURE_TABLE_LEN)
+_Static_assert(NFEATURES * 48 == QCOW2_FEATURE_TABLE_LEN, "feature table");
 
 /* A raw data file is mapped whole from the start. */
 static enum qcow2_prealloc prealloc_of(const struct qcow2_create_opts *o) {
@@ -206,6 +207,15 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
   return 0;
 }
 
+void qcow2_feature_table(uint8_t *out) {
+  memset(out, 0, NFEATURES * 48);
+  for (size_t i = 0; i < NFEATURES; i++) {
+    out[i * 48] = features[i].type;
+    out[i * 48 + 1] = features[i].bit;
+    memcpy(out + i * 48 + 2, features[i].name, strlen(features[i].name));
+  }
+}
+
 static void put_ext(uint8_t *buf, uint64_t *off, uint32_t type,
                     const void *data, uint32_t len) {
   put_be32(buf + *off, type);
@@ -247,12 +257,8 @@ void qcow2_create_header(const struct qcow2_create_opts *o,
     put_ext(buf, &off, QCOW2_EXT_DATA_FILE, o->data_file,
             (uint32_t)strlen(o->data_file));
   if (l->feature_table) {
-    uint8_t t[NFEATURES * 48] = {0};
-    for (size_t i = 0; i < NFEATURES; i++) {
-      t[i * 48] = features[i].type;
-      t[i * 48 + 1] = features[i].bit;
-      memcpy(t + i * 48 + 2, features[i].name, strlen(features[i].name));
-    }
+    uint8_t t[NFEATURES * 48];
+    qcow2_feature_table(t);
     put_ext(buf, &off, QCOW2_EXT_FEATURE_TABLE, t, sizeof t);
   }
   off += 8; /* end of extensions: already zero */

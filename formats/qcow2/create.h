@@ -75,6 +75,11 @@ int qcow2_create_layout(const struct qcow2_create_opts *o,
 void qcow2_create_header(const struct qcow2_create_opts *o,
                          const struct qcow2_layout *l, uint8_t *buf);
 
+/* The feature name table extension's data, as QEMU writes it: OUT holds
+ * QCOW2_FEATURE_TABLE_LEN bytes. */
+#define QCOW2_FEATURE_TABLE_LEN (8 * 48)
+void qcow2_feature_table(uint8_t *out);
+
 /* Set the refcount of entry I of the refcount block BUF to VALUE. */
 void qcow2_set_refcount(uint8_t *buf, unsigned refcount_order, uint64_t i,
                         uint64_t value);

@@ -204,6 +204,9 @@ for mode in "${modes[@]}"; do
     expect_exactly "-o a bool's values" on off -- create -f qcow2 -o lazy_refcounts = ""
     expect_exactly "-o allowed values" off metadata falloc full -- convert -O qcow2 -o preallocation = ""
     expect_exactly "-o compat" 0.10 1.1 -- measure -O qcow2 -o cluster_size = 64k,compat = ""
+    expect_exactly "amend -o (qcow2's amend keys)" compat= -- amend -o comp
+    expect_exactly "amend -o, no creation keys" -- amend -o cluster
+    expect_exactly "amend -o data_file_raw" on off -- amend -o data_file_raw = ""
     expect_exactly "--log-level" error warn info debug -- mount --log-level ""
     # A value nothing can guess: nothing, rather than files.
     for w in "serve --port" "serve -w" "mount -t" "vhost -q" "convert -m" "serve --allow"; do
