@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/blockdev.h"
@@ -30,6 +31,8 @@
 #define SLOTS 16                 /* requests in flight, at most (-m) */
 #define WALK (256ull << 20)      /* block status asked per step */
 #define MAX_SPARSE (16u << 20)   /* -S, as qemu-img allows it */
+#define MAX_SOURCES 64           /* SRC... concatenated */
+#define SALVAGE_BLOCK 512u       /* --salvage rereads a failed read so */
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-C] [-U] [-n] [-W] [-f FMT]\n"
@@ -39,7 +42,7 @@ static const char convert_usage[] =
     "                         [-m N] [-t CACHE] [-T CACHE]\n"
     "                         [--target-is-zero] [--bitmaps "
     "[--skip-broken-bitmaps]]\n"
-    "                         SRC DST\n"
+    "                         [-r RATE] [--salvage] [-q] SRC... DST\n"
     "       blockport convert [-p] [-c] -O raw|qcow2 --plugin PLUGIN "
     "[KEY=VALUE...] DST\n"
     "Copy SRC (raw, qcow2 with its backing chain, null:SIZE, memory:SIZE,\n"
@@ -92,12 +95,20 @@ static const char convert_usage[] =
     "  --source-option KEY=VALUE  an option of SRC's format (repeatable;\n"
     "                l2-cache-size for qcow2, connections and timeout for\n"
     "                an NBD URI, ...): a key it does not take is refused\n"
+    "  -r RATE       copy at most RATE bytes per second (suffixes k, M, G,\n"
+    "                T, P, E; 0: no limit)\n"
+    "  --salvage     a read that fails is retried 512 bytes at a time; what\n"
+    "                cannot be read is written as zeroes, with a warning\n"
+    "                (none with -q), and the copy goes on (exit status 0)\n"
+    "  -q            quiet: no --salvage warnings, no progress\n"
+    "Several SRC are copied one after another into DST (not with -B or\n"
+    "--bitmaps), each probed for its format unless -f names it.\n"
     "DST may not be SRC or a file of its backing chain.  Exit status: 0\n"
     "success, 1 bad usage or failure.\n";
 
 /* Where a slot is: reading the source, reading what the destination's
  * backing file holds there (-B), or writing. */
-enum phase { READ_SRC, READ_BASE, WRITING };
+enum phase { READ_SRC, READ_BASE, WRITING, SALVAGE };
 
 /* One request slot: read from the source, then write to the destination.
  * With -B, read the destination too (its backing file shows through) and
@@ -108,10 +119,13 @@ struct slot {
   uint8_t *buf, *base;
   enum phase phase;
   uint64_t start, len, pos; /* the range, and how far -B has written it */
+  uint64_t salv;            /* --salvage: the piece being read again */
 };
 
 struct copy {
-  struct bd *src, *dst;
+  struct bd *src, *dst; /* SRC: the one being copied, of SRCS */
+  struct bd **srcs;
+  size_t nsrcs;
   pthread_mutex_t lock;
   pthread_cond_t cond;
   struct slot slots[SLOTS];
@@ -128,6 +142,11 @@ struct copy {
   bool full;            /* -S 0: every byte written, as data */
   bool dirty_dst;       /* -n without --target-is-zero: zeroes written */
   bool offload;         /* -C: copy_file_range where both are files */
+  uint64_t base;        /* where the source goes in the destination */
+  bool salvage, quiet;  /* --salvage, -q */
+  uint64_t rate;        /* -r: bytes per second, 0: no limit */
+  struct timespec t0;   /* -r: when the copy started */
+  uint64_t sent;        /* -r: bytes asked of the sources so far */
 };
 
 static void add_done(struct copy *cp, uint64_t n) {
@@ -185,7 +204,7 @@ static bool write_next_diff(struct slot *s) {
   s->pos = b;
   s->req = (struct bd_req){.cmd = zero ? BD_ZERO : BD_WRITE,
                            .flags = zero ? 0 : s->cp->write_flags,
-                           .offset = a,
+                           .offset = a + s->cp->base,
                            .length = b - a,
                            .buf = p,
                            .done = s->req.done};
@@ -194,14 +213,61 @@ static bool write_next_diff(struct slot *s) {
 }
 
 static const char *phase_name(enum phase p) {
-  return p == READ_SRC    ? "read"
-         : p == READ_BASE ? "read of the backing file"
-                          : "write";
+  return p == READ_SRC || p == SALVAGE ? "read"
+         : p == READ_BASE              ? "read of the backing file"
+                                       : "write";
+}
+
+static void slot_done(struct bd_req *req, int err);
+
+/* --salvage: the next SALVAGE_BLOCK of a failed read, read again. */
+static void salvage_next(struct slot *s) {
+  struct copy *cp = s->cp;
+  uint64_t end = s->start + s->len, blk = SALVAGE_BLOCK;
+  if (cp->src->caps.min_block > blk)
+    blk = cp->src->caps.min_block;
+  uint64_t n = end - s->salv < blk ? end - s->salv : blk;
+  s->req.offset = s->salv;
+  s->req.length = n;
+  s->req.buf = s->buf + (s->salv - s->start);
+  bd_submit(cp->src, &s->req);
+}
+
+/* A piece read again: what cannot be read is zeroes, said unless -q;
+ * once the range is done, it goes on as read. */
+static void salvage_done(struct bd_req *req, int err) {
+  struct slot *s = (struct slot *)req;
+  struct copy *cp = s->cp;
+  if (err < 0) {
+    if (!cp->quiet)
+      cli_error("convert", NULL, "warning: error while reading offset %llu: %s",
+                (unsigned long long)req->offset, strerror(-err));
+    memset(req->buf, 0, req->length);
+  }
+  s->salv += req->length;
+  if (s->salv < s->start + s->len) {
+    salvage_next(s);
+    return;
+  }
+  s->phase = READ_SRC;
+  s->req = (struct bd_req){.cmd = BD_READ,
+                           .offset = s->start,
+                           .length = s->len,
+                           .buf = s->buf,
+                           .done = slot_done};
+  slot_done(&s->req, 0);
 }
 
 static void slot_done(struct bd_req *req, int err) {
   struct slot *s = (struct slot *)req;
   struct copy *cp = s->cp;
+  if (err < 0 && s->phase == READ_SRC && cp->salvage) {
+    s->phase = SALVAGE;
+    s->salv = s->start;
+    s->req.done = salvage_done;
+    salvage_next(s);
+    return;
+  }
   if (err == 0 && s->phase == READ_SRC && cp->diff) {
     /* The destination reads as its backing file: what is there now. */
     s->phase = READ_BASE;
@@ -253,10 +319,30 @@ static int offload(struct copy *cp, uint64_t *off, uint64_t *len) {
   return 0;
 }
 
+/* -r: wait until the N bytes about to be read keep the copy within its
+ * rate since it started (the first piece goes at once, as in qemu-img). */
+static void rate_wait(struct copy *cp, uint64_t n) {
+  if (!cp->rate)
+    return;
+  double due = (double)cp->sent / (double)cp->rate;
+  cp->sent += n;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  double elapsed = (double)(now.tv_sec - cp->t0.tv_sec) +
+                   (double)(now.tv_nsec - cp->t0.tv_nsec) / 1e9;
+  if (due <= elapsed)
+    return;
+  double wait = due - elapsed;
+  struct timespec ts = {.tv_sec = (time_t)wait,
+                        .tv_nsec = (long)((wait - (double)(time_t)wait) * 1e9)};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+    ;
+}
+
 /* Copy [off, off+len) in CHUNK pieces. */
 static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
   while (len > 0) {
-    int r = cp->offload ? offload(cp, &off, &len) : 0;
+    int r = cp->offload && cp->base == 0 ? offload(cp, &off, &len) : 0;
     if (r < 0 || len == 0)
       return r;
     pthread_mutex_lock(&cp->lock);
@@ -270,6 +356,7 @@ static int copy_range(struct copy *cp, uint64_t off, uint64_t len) {
     /* Pieces end on chunk boundaries: clusters are written whole. */
     uint64_t n = cp->chunk - off % cp->chunk;
     n = len < n ? len : n;
+    rate_wait(cp, n);
     s->phase = READ_SRC;
     s->start = s->pos = off;
     s->len = n;
@@ -341,7 +428,7 @@ static int copy_extent(struct copy *cp, uint64_t off, uint64_t n, bool zero,
 /* Walk the source's block status; copy what does not read as zeroes (the
  * new destination reads as zeroes everywhere already, or with -B as its
  * backing file: then zero ranges are compared too). */
-static int copy_all(struct copy *cp) {
+static int copy_source(struct copy *cp) {
   struct bd_extents ext;
   bd_extents_init(&ext, 0, 1024);
   uint64_t off = 0, size = cp->src->size, mark = 0;
@@ -369,6 +456,20 @@ static int copy_all(struct copy *cp) {
   if (r == 0)
     r = cp->err;
   pthread_mutex_unlock(&cp->lock);
+  return r;
+}
+
+/* Each source in turn, one after another in the destination. */
+static int copy_all(struct copy *cp) {
+  int r = 0;
+  clock_gettime(CLOCK_MONOTONIC, &cp->t0);
+  cp->base = 0;
+  for (size_t i = 0; r == 0 && i < cp->nsrcs; i++) {
+    cp->src = cp->srcs[i];
+    r = copy_source(cp);
+    cp->base += cp->src->size;
+  }
+  cp->src = cp->srcs[0];
   show_progress(cp);
   if (cp->progress)
     fputc('\n', stderr);
@@ -524,7 +625,8 @@ static int run_copy(struct copy *cp) {
 struct convert_args {
   const char *sfmt, *ofmt, *plugin;
   struct dst_opts d;
-  bool progress, compress, share;
+  bool progress, compress, share, salvage, quiet;
+  uint64_t rate; /* -r, 0: no limit */
   /* --source-option: SRC's format judges them when it opens */
   const char *src_opts[MAX_SOURCE_OPTS];
   size_t nsrc_opts;
@@ -533,49 +635,79 @@ struct convert_args {
   size_t nsnap;
 };
 
-static int convert(const char *src_path, const struct convert_args *a,
-                   const char *dst_path, struct dst_opts *d) {
-  const char *sfmt = a->sfmt;
-  bool progress = a->progress, compress = a->compress, share = a->share;
-  struct copy cp = {.progress = progress && isatty(2),
-                    .write_flags = compress ? BD_F_COMPRESS : 0,
-                    .diff = d->o.backing != NULL};
-  copy_shape(&cp, d);
+/* -l: only a qcow2 source has internal snapshots; qemu-img's refusal. */
+static bool snapshot_format_refused(const char *path, const char *sfmt) {
+  const char *probed = sfmt ? NULL : bd_probe_format(path);
+  const char *fmt = sfmt ? sfmt : probed ? probed : "raw";
+  if (!strcmp(fmt, "qcow2"))
+    return false;
+  cli_error("convert", NULL,
+            "Failed to load snapshot: Block format '%s' used by device '' "
+            "does not support temporarily loading internal snapshots",
+            fmt);
+  return true;
+}
+
+/* The sources, opened as qemu-img convert opens them: nobody may write or
+ * resize them meanwhile (a raw file locks as asked; qcow2 always does).
+ * Returns how many were opened (all, or -1 after saying why). */
+static int open_sources(const char *const *paths, size_t n,
+                        const struct convert_args *a, struct bd **out) {
   struct bd_open_opts so = BD_OPEN_OPTS_INIT;
-  so.format = sfmt;
-  /* As qemu-img convert's source: nobody may write or resize it meanwhile
-   * (a raw file locks as asked; qcow2 always does). */
-  so.flags =
-      share ? BD_OPEN_SHARE
-            : BD_OPEN_READONLY | BD_OPEN_UNSHARE_WRITE | BD_OPEN_UNSHARE_RESIZE;
-  so.cache = d->src_cache;
-  const char *probed = a->nsnap && !sfmt ? bd_probe_format(src_path) : NULL;
-  if (a->nsnap && strcmp(sfmt ? sfmt : probed ? probed : "", "qcow2")) {
-    cli_error("convert", NULL,
-              "Failed to load snapshot: Block format '%s' used by device '' "
-              "does not support temporarily loading internal snapshots",
-              sfmt     ? sfmt
-              : probed ? probed
-                       : "raw");
-    return 1;
-  }
+  so.format = a->sfmt;
+  so.flags = a->share ? BD_OPEN_SHARE
+                      : BD_OPEN_READONLY | BD_OPEN_UNSHARE_WRITE |
+                            BD_OPEN_UNSHARE_RESIZE;
+  so.cache = a->d.src_cache;
+  if (a->nsnap && snapshot_format_refused(paths[0], a->sfmt))
+    return -1;
   so.options = a->src_opts;
   so.noptions = a->nsrc_opts;
-  cp.src = bd_open_with(src_path, &so);
-  if (!cp.src) {
-    cli_error("convert", NULL, "%s", bd_errmsg());
-    return 1;
+  for (size_t i = 0; i < n; i++) {
+    out[i] = bd_open_with(paths[i], &so);
+    if (!out[i]) {
+      cli_error("convert", NULL, "%s", bd_errmsg());
+      while (i-- > 0)
+        bd_close(out[i]);
+      return -1;
+    }
   }
+  return (int)n;
+}
+
+static int convert(const char *const *src_paths, size_t nsrc,
+                   const struct convert_args *a, const char *dst_path,
+                   struct dst_opts *d) {
+  struct bd *srcs[MAX_SOURCES];
+  struct copy cp = {.progress = a->progress && !a->quiet && isatty(2),
+                    .write_flags = a->compress ? BD_F_COMPRESS : 0,
+                    .diff = d->o.backing != NULL,
+                    .salvage = a->salvage,
+                    .quiet = a->quiet,
+                    .rate = a->rate,
+                    .srcs = srcs,
+                    .nsrcs = nsrc};
+  copy_shape(&cp, d);
+  /* -r: pieces of an eighth of a second, so that the rate holds within
+   * a copy shorter than a chunk. */
+  if (cp.rate && cp.rate / 8 < cp.chunk) {
+    uint64_t c = cp.rate / 8 - cp.rate / 8 % cp.grain;
+    cp.chunk = c > cp.grain ? c : cp.grain;
+  }
+  if (open_sources(src_paths, nsrc, a, srcs) < 0)
+    return 1;
+  cp.src = srcs[0];
   int ret = 1;
   /* As qemu-img: an inconsistent bitmap is refused before DST is made. */
-  if (d->bitmaps && copy_bitmaps_check_src(cp.src, d->skip_broken) < 0) {
-    bd_close(cp.src);
-    return 1;
-  }
-  struct bd *backing = d->o.backing ? open_dst_backing(dst_path, d) : NULL;
+  struct bd *backing = NULL;
+  if (d->bitmaps && copy_bitmaps_check_src(cp.src, d->skip_broken) < 0)
+    goto out;
+  backing = d->o.backing ? open_dst_backing(dst_path, d) : NULL;
   if (d->o.backing && !backing)
     goto out;
-  uint64_t size = cp.src->size;
+  uint64_t size = 0;
+  for (size_t i = 0; i < nsrc; i++)
+    size += srcs[i]->size;
   /* A qcow2 image's size is whole sectors: rounded up, as qemu-img does
    * (the rest reads as zeroes). */
   uint64_t dsize =
@@ -598,7 +730,8 @@ out:
     bd_close(backing);
   if (cp.dst && bd_close(cp.dst) < 0)
     ret = 1;
-  bd_close(cp.src);
+  for (size_t i = 0; i < nsrc; i++)
+    bd_close(srcs[i]);
   return ret;
 }
 
@@ -650,6 +783,19 @@ static int dst_options(struct dst_opts *d, const char *list) {
     return -1;
   }
   return 0;
+}
+
+/* -r: bytes per second, as qemu-img reads it (0: no limit). */
+static int rate_limit(const char *arg, uint64_t *out) {
+  if (cli_parse_qemu_size(arg, out) == 0)
+    return 0;
+  cli_error("convert", NULL,
+            "Invalid rate limit specified. You may use k, M, G, T, P or E "
+            "suffixes for");
+  cli_error("convert", NULL,
+            "kilobytes, megabytes, gigabytes, terabytes, "
+            "petabytes and exabytes.");
+  return -1;
 }
 
 /* One option: 0, or -1 (said). */
@@ -715,6 +861,9 @@ static int convert_option(struct convert_args *a, int ch, const char *arg) {
   case 'X': return source_option(a, arg);
   case 'l': return snapshot_param(a, arg);
   case 'p': a->progress = true; return 0;
+  case 'q': a->quiet = true; return 0;
+  case 'V': a->salvage = true; return 0;
+  case 'r': return rate_limit(arg, &a->rate);
   case 'c': a->compress = true; return 0;
   case 'f': a->sfmt = arg; return 0;
   case 'O': a->ofmt = arg; return 0;
@@ -779,11 +928,12 @@ static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
       {"target-is-zero", no_argument, NULL, 'Z'},
       {"bitmaps", no_argument, NULL, 'M'},
       {"skip-broken-bitmaps", no_argument, NULL, 'K'},
+      {"salvage", no_argument, NULL, 'V'},
       {"help", no_argument, NULL, 'h'},
       {0, 0, 0, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "pcCUnWf:O:B:F:l:t:T:o:S:m:h", longopts,
-                           NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "pqcCUnWf:O:B:F:l:t:T:o:S:m:r:h",
+                           longopts, NULL)) != -1) {
     if (ch == 'h') {
       fputs(convert_usage, stdout);
       exit(0);
@@ -814,6 +964,22 @@ static int parse_convert_args(int argc, char **argv, struct convert_args *a) {
   return image_opts_check("convert", &a->d.o, a->ofmt);
 }
 
+/* What does not go with several sources, in qemu-img's words. */
+static const char *several_sources(const struct convert_args *a, size_t n) {
+  if (n <= 1)
+    return NULL;
+  if (n > MAX_SOURCES)
+    return "too many sources (at most 64)";
+  if (a->d.o.backing)
+    return "Having a backing file for the target makes no sense when "
+           "concatenating multiple input images";
+  if (a->d.bitmaps)
+    return "Copying bitmaps only possible with single source";
+  if (a->nsnap)
+    return "No support for concatenating multiple snapshot";
+  return NULL;
+}
+
 int convert_main(int argc, char **argv) {
   struct convert_args a = {.d.sparse = -1};
   image_opts_init(&a.d.o);
@@ -825,8 +991,14 @@ int convert_main(int argc, char **argv) {
   spec = a.plugin && optind < argc
              ? plugin_spec(a.plugin, argv + optind, argc - optind - 1)
              : NULL;
-  if (a.plugin ? !spec : optind + 2 != argc) {
+  size_t nsrc = a.plugin ? 1 : (size_t)(argc - optind - 1);
+  if (a.plugin ? !spec : argc - optind < 2) {
     cli_usage_error("convert", "expected SRC and DST");
+    goto out;
+  }
+  const char *why = several_sources(&a, nsrc);
+  if (why) {
+    cli_error("convert", NULL, "%s", why);
     goto out;
   }
   a.d.fmt = a.ofmt;
@@ -835,7 +1007,9 @@ int convert_main(int argc, char **argv) {
    * the page cache do not need them. */
   if (bd_pool_start(4) < 0)
     goto out;
-  r = convert(spec ? spec : argv[optind], &a, argv[argc - 1], &a.d);
+  const char *one[1] = {spec};
+  r = convert(spec ? one : (const char *const *)argv + optind, nsrc, &a,
+              argv[argc - 1], &a.d);
   bd_pool_stop();
 out:
   free(spec);

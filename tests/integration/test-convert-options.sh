@@ -185,3 +185,78 @@ run qemu-img convert -O qcow2 odd.raw q-odd.qcow2
     fail "1000-byte raw: $(info odd.qcow2 'j["virtual-size"]') bytes, qemu-img $(info q-odd.qcow2 'j["virtual-size"]')"
 run qemu-img compare -q odd.qcow2 q-odd.qcow2 || fail "odd.qcow2 differs from qemu-img's"
 ok "-m 1 -W; 1000 bytes become $(info odd.qcow2 'j["virtual-size"]'), as with qemu-img"
+
+check "several sources, concatenated, as qemu-img convert concatenates them"
+run qemu-img create -q -f qcow2 c1.qcow2 1M
+run qemu-io -c "write -P 1 0 1M" c1.qcow2 >/dev/null
+head -c 1000000 /dev/urandom >c2.raw # not whole sectors
+run qemu-img create -q -f qcow2 c3.qcow2 3M
+run qemu-io -c "write -P 3 2M 64k" c3.qcow2 >/dev/null
+for fmt in raw qcow2; do
+    run qemu-img convert c1.qcow2 c2.raw c3.qcow2 -O $fmt q-cat.$fmt
+    run "$BLOCKPORT" convert c1.qcow2 c2.raw c3.qcow2 -O $fmt cat.$fmt
+    run qemu-img compare -q q-cat.$fmt cat.$fmt || fail "$fmt: not qemu-img's"
+    [[ $(info cat.$fmt 'j["virtual-size"]') == "$(info q-cat.$fmt 'j["virtual-size"]')" ]] ||
+        fail "$fmt: size $(info cat.$fmt 'j["virtual-size"]')"
+done
+run qemu-img convert -f raw c1.qcow2 c2.raw -O raw q-cat-f.raw
+run "$BLOCKPORT" convert -f raw c1.qcow2 c2.raw -O raw cat-f.raw
+cmp q-cat-f.raw cat-f.raw || fail "-f raw applies to every source"
+for args in "-B c1.qcow2" "--bitmaps"; do
+    # shellcheck disable=SC2086 # $args is words
+    want=$(qemu-img convert $args c1.qcow2 c2.raw -O qcow2 x.qcow2 2>&1; echo "exit $?")
+    # shellcheck disable=SC2086
+    got=$("$BLOCKPORT" convert $args c1.qcow2 c2.raw -O qcow2 x.qcow2 2>&1; echo "exit $?")
+    [[ $want == "${got//blockport convert: /qemu-img: }" ]] ||
+        fail "$args with two sources: qemu-img: $want / blockport: $got"
+done
+ok "raw and qcow2 outputs, -f for all, -B and --bitmaps refused"
+
+check "-r RATE: the copy is held to the rate"
+head -c 2M /dev/urandom >r.raw
+start=$(date +%s%N)
+run "$BLOCKPORT" convert -r 2M -O raw r.raw r-out.raw
+ms=$((($(date +%s%N) - start) / 1000000))
+cmp r.raw r-out.raw || fail "-r: the copy differs"
+((ms >= 800)) || fail "-r 2M copied 2 MiB in $ms ms" # the last 256k at 875 ms
+run "$BLOCKPORT" convert -r 0 -O raw r.raw r0.raw
+for rate in abc -5; do
+    want=$(qemu-img convert -r $rate -O raw r.raw x.raw 2>&1; echo "exit $?")
+    got=$("$BLOCKPORT" convert -r $rate -O raw r.raw x.raw 2>&1; echo "exit $?")
+    [[ $want == "${got//blockport convert: /qemu-img: }" ]] ||
+        fail "-r $rate: qemu-img: $want / blockport: $got"
+done
+ok "2 MiB at 2M/s took $ms ms; -r 0 is no limit; bad rates refused alike"
+
+check "--salvage: unreadable ranges become zeroes, with qemu-img's warnings"
+if ! nbdkit --dump-plugin pattern >/dev/null 2>&1 ||
+    ! nbdkit --filter=ddrescue null --dump-plugin >/dev/null 2>&1; then
+    skip_case "nbdkit's pattern plugin or ddrescue filter is missing"
+else
+    # Bad: 64 KiB at 1 MiB and 4 KiB at 1.125 MiB (a ddrescue map).
+    printf '%s\n' "# Mapfile" "0x00000000 +" "0x00000000 0x00100000 +" \
+        "0x00100000 0x00010000 -" "0x00110000 0x00010000 +" \
+        "0x00120000 0x00001000 -" "0x00121000 0x002DF000 +" >bad.map
+    nbdkit -f -U "$T/bad.sock" --filter=ddrescue pattern 4M \
+        ddrescue-mapfile="$T/bad.map" 2>nbdkit.log &
+    track_pid $!
+    wait_until 10 test -S "$T/bad.sock" || fail "nbdkit did not start"
+    src="nbd+unix:///?socket=$T/bad.sock"
+    for q in "" -q; do
+        rcq=0 rcb=0
+        qemu-img convert $q --salvage -f raw "$src" -O raw q-salv.raw 2>q.err || rcq=$?
+        "$BLOCKPORT" convert $q --salvage -f raw "$src" -O raw salv.raw 2>b.err || rcb=$?
+        ((rcq == 0 && rcb == 0)) || fail "--salvage $q: exit $rcq / $rcb"
+        cmp q-salv.raw salv.raw || fail "--salvage $q: not qemu-img's copy"
+        diff q.err <(sed 's/^blockport convert: /qemu-img: /' b.err) >/dev/null ||
+            fail "--salvage $q: warnings: $(diff q.err <(sed 's/^blockport convert: /qemu-img: /' b.err) | head -5)"
+    done
+    [[ $(grep -c "warning: error while reading offset" q.err) == 0 ]] || fail "-q"
+    run "$BLOCKPORT" convert -q --salvage -f raw "$src" c1.qcow2 -O qcow2 salv.qcow2
+    run qemu-img convert -q --salvage -f raw "$src" c1.qcow2 -O qcow2 q-salv.qcow2
+    run qemu-img compare -q q-salv.qcow2 salv.qcow2 || fail "--salvage, two sources"
+    rc=0
+    "$BLOCKPORT" convert -f raw "$src" -O raw x.raw 2>err || rc=$?
+    ((rc == 1)) && grep -q "Input/output error" err || fail "without --salvage: exit $rc"
+    ok "the same copy and warnings as qemu-img (exit 0), -q silent; without it, exit 1"
+fi
