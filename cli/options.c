@@ -270,8 +270,10 @@ static int debug_flag(struct cli_common *c, const struct shared_opt *t,
 static int bad_size(const struct cli_common *c, const struct shared_opt *t,
                     const char *arg, const char *expected) {
   char why[96], what[256];
-  snprintf(what, sizeof what, "%s; %s", bd_size_problem(arg, why, sizeof why),
-           expected);
+  bd_size_problem(arg, why, sizeof why);
+  if (!strncmp(why, "expected", 8)) /* not a number: the form says it */
+    return bad(c, t, arg, expected);
+  snprintf(what, sizeof what, "%s; expected %s", why, expected);
   return bad_why(c, t, arg, what);
 }
 
@@ -279,7 +281,7 @@ static int l2_cache(struct cli_common *c, const struct shared_opt *t,
                     const char *arg) {
   uint64_t v;
   if (bd_parse_size(arg, &v) < 0)
-    return bad_size(c, t, arg, "expected a size of at least 64K");
+    return bad_size(c, t, arg, "a size of at least 64K");
   if (v < QCOW2_L2_CACHE_MIN)
     return bad(c, t, arg, "a size of at least 64K");
   return add_default(c, t, "qcow2", "l2-cache-size", arg);
@@ -309,7 +311,7 @@ static int replay_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   uint64_t v;
   if (bd_parse_size(arg, &v) < 0)
-    return bad_size(c, t, arg, "expected a size (4096, 512K, 64M, ...)");
+    return bad_size(c, t, arg, "a size (4096, 512K, 64M, ...)");
   return add_default(c, t, "nbd", "replay-limit", arg);
 }
 
@@ -325,7 +327,7 @@ static int rbd_lock(struct cli_common *c, const struct shared_opt *t,
 static int fleece_limit(struct cli_common *c, const struct shared_opt *t,
                         const char *arg) {
   if (bd_parse_size(arg, &c->ckpt.fleece_limit) < 0)
-    return bad_size(c, t, arg, "expected a size (say 10G), 0 for no limit");
+    return bad_size(c, t, arg, "a size (say 10G), 0 for no limit");
   return 1;
 }
 
