@@ -17,6 +17,8 @@ int snapshot_main(int argc, char **argv);
 int measure_main(int argc, char **argv);
 int dd_main(int argc, char **argv);
 int amend_main(int argc, char **argv);
+int commit_main(int argc, char **argv);
+int rebase_main(int argc, char **argv);
 int mount_main(int argc, char **argv);
 int vhost_main(int argc, char **argv);
 int ctl_main(int argc, char **argv);

@@ -38,6 +38,7 @@ static const struct command {
      true},
     {"dd", dd_main, "copy part of an image into a new one, as dd", true},
     {"amend", amend_main, "change the options of a qcow2 image in place"},
+    {"commit", commit_main, "copy an image's data into its backing file"},
 };
 
 static void usage(FILE *f) {

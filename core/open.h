@@ -51,6 +51,10 @@ enum {
    * file): keys the opened format does not know are ignored, as
    * defaults are. */
   BD_OPEN_LENIENT_OPTIONS = 1u << 6,
+  /* qcow2: the image alone, its backing file not opened (unallocated
+   * clusters read as zeroes), as QEMU's BDRV_O_NO_BACKING: for tools that
+   * edit the image's metadata (rebase -u, commit's emptying). */
+  BD_OPEN_NO_BACKING = 1u << 7,
 };
 
 /* Opening.  SPEC is a path, or "null:SIZE" / "memory:SIZE", an NBD URI or
