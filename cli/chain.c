@@ -15,7 +15,8 @@
 #include "formats/qcow2/info.h"
 
 /* The qcow2 header of PATH: *BACKING and *BFMT (NULL when none). */
-static int read_backing_name(const char *path, char **backing, char **bfmt) {
+static int read_backing_name(const char *path, struct chain_image *im,
+                             char **bfmt) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) < 0) {
@@ -29,7 +30,8 @@ static int read_backing_name(const char *path, char **backing, char **bfmt) {
   close(fd);
   if (r < 0)
     return -1;
-  *backing = qi.backing ? strdup(qi.backing) : NULL;
+  im->backing = qi.backing ? strdup(qi.backing) : NULL;
+  im->cluster_size = qi.cluster_size;
   *bfmt = qi.backing_format[0] ? strdup(qi.backing_format) : NULL;
   qcow2_info_free(&qi);
   return 0;
@@ -55,7 +57,7 @@ int chain_read(const char *path, const char *format, struct chain *c) {
     if (strcmp(f, "qcow2"))
       return 0; /* raw: no backing file */
     char *bfmt = NULL;
-    if (read_backing_name(p, &im->backing, &bfmt) < 0)
+    if (read_backing_name(p, im, &bfmt) < 0)
       return -1;
     p = im->backing ? qcow2_backing_path(p, im->backing) : NULL;
     f = bfmt;
@@ -88,5 +90,12 @@ int chain_find(const struct chain *c, const char *name) {
     if (same)
       return i;
   }
+  return -1;
+}
+
+int chain_index(const struct chain *c, const char *path) {
+  for (int i = 1; i < c->n; i++)
+    if (chain_same_file(path, c->v[i].path))
+      return i;
   return -1;
 }

@@ -14,6 +14,7 @@ struct chain_image {
   char *path;    /* as opened */
   char *format;  /* "raw" or "qcow2" */
   char *backing; /* the name in its header, NULL without one */
+  unsigned long long cluster_size; /* qcow2; 0 for raw */
 };
 
 struct chain {
@@ -35,5 +36,7 @@ int chain_find(const struct chain *c, const char *name);
 /* Whether the files at A and B are the same (by real path), for specs
  * that are not files: the same string. */
 bool chain_same_file(const char *a, const char *b);
+/* The index (>= 1) of the image of C at PATH (a path as opened), or -1. */
+int chain_index(const struct chain *c, const char *path);
 
 #endif

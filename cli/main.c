@@ -39,6 +39,7 @@ static const struct command {
     {"dd", dd_main, "copy part of an image into a new one, as dd", true},
     {"amend", amend_main, "change the options of a qcow2 image in place"},
     {"commit", commit_main, "copy an image's data into its backing file"},
+    {"rebase", rebase_main, "change the backing file of a qcow2 image"},
 };
 
 static void usage(FILE *f) {
