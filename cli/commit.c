@@ -101,7 +101,8 @@ static int copy_above_base(struct commit_job *j) {
                     .dst = j->dst,
                     .grain = 65536,
                     .rate = j->a->rate,
-                    .zero_flags = BD_F_MAY_TRIM};
+                    .zero_flags = BD_F_MAY_TRIM,
+                    .slots_max = 4};
   int r = lcopy_start(&c);
   struct bd_extents ext;
   bd_extents_init(&ext, 0, 1024);

@@ -152,7 +152,8 @@ int lcopy_start(struct lcopy *c) {
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
   c->chunk = c->grain > CHUNK ? c->grain : CHUNK;
-  c->nslots = LCOPY_SLOTS;
+  c->nslots =
+      c->slots_max && c->slots_max < LCOPY_SLOTS ? c->slots_max : LCOPY_SLOTS;
   c->slots = calloc(c->nslots, sizeof *c->slots);
   if (!c->slots)
     return -ENOMEM;

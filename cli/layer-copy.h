@@ -26,6 +26,10 @@ struct lcopy {
   uint64_t grain;      /* compared per this much (a cluster) */
   uint64_t rate;       /* bytes per second at most (0: no limit) */
   uint32_t zero_flags; /* flags of the zero writes (BD_F_MAY_TRIM) */
+  /* Requests in flight at most (0: LCOPY_SLOTS).  Allocating writes into
+   * one qcow2 image contend for its metadata: a few go faster than many
+   * (measured: docs/BENCHMARKS.md). */
+  unsigned slots_max;
   /* Internal. */
   pthread_mutex_t lock;
   pthread_cond_t cond;

@@ -113,7 +113,8 @@ static int copy_differences(struct rebase_job *j) {
                     .dst = j->img,
                     .compare = true,
                     .cmp = j->nb,
-                    .grain = grain ? grain : 65536};
+                    .grain = grain ? grain : 65536,
+                    .slots_max = 2};
   int r = lcopy_start(&c);
   struct bd_extents ext;
   bd_extents_init(&ext, 0, 1024);
