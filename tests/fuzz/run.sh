@@ -15,7 +15,7 @@ seconds=${1:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
-targets=(fuzz-handshake fuzz-request fuzz-qcow2 fuzz-qcow2-info fuzz-partition
+targets=(fuzz-handshake fuzz-request fuzz-qcow2 fuzz-qcow2-info fuzz-qcow2-header fuzz-partition
          fuzz-virtq fuzz-config fuzz-probe fuzz-rbd-spec fuzz-metrics-http
          fuzz-control fuzz-vhost-user fuzz-nbd-uri)
 
