@@ -8,6 +8,7 @@
 #include "core/blockdev.h"
 #include "core/features.h"
 #include "core/filelock.h"
+#include "core/log.h"
 #include "core/open.h"
 #include "core/version.h"
 #include "formats/registry.h"
@@ -89,6 +90,11 @@ static int run_command(const struct command *c, int argc, char **argv) {
   argv[0] = name;
   if (c->force_share)
     filelock_share_hint = "-U/--force-share";
+  /* The image tools speak as qemu-img does: results, warnings and errors,
+   * no information lines (the servers log those). */
+  if (c->main != serve_main && c->main != mount_main && c->main != vhost_main &&
+      c->main != ctl_main)
+    log_threshold = LOG_LEVEL_WARN;
   return c->main(argc, argv);
 }
 

@@ -67,7 +67,10 @@ static void probe(void) {
     works = true;
     return;
   }
-  log_warn("io_uring is not available (%s): local images use worker threads "
+  /* Information, not a warning: nothing is lost (the worker pool does the
+   * same I/O), and a tool's output stays qemu-img's where a container or
+   * kernel.io_uring_disabled refuses io_uring. */
+  log_info("io_uring is not available (%s): local images use worker threads "
            "(--aio threads)",
            strerror(-r));
 }

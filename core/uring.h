@@ -22,7 +22,8 @@
  * front end can answer them with one send.
  *
  * When the kernel refuses io_uring (an old kernel, seccomp,
- * kernel.io_uring_disabled) uring_available() says no, logging why once,
+ * kernel.io_uring_disabled) uring_available() says no, logging why once
+ * (at info level: the fallback loses nothing),
  * and the sources use the worker pool. */
 #ifndef BLOCKPORT_CORE_URING_H
 #define BLOCKPORT_CORE_URING_H
