@@ -1,6 +1,6 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# blockport commit and rebase against qemu-img's on the same files: a
+# blockport commit, rebase and convert against qemu-img's on the same files: a
 # 4 GiB qcow2 chain (a base with 2 GiB of random data, an overlay holding
 # 512 MiB written by qemu-io, 16 MiB every 128 MiB over the whole disk),
 # and a new backing file that differs from the base in 512 MiB.
@@ -8,6 +8,11 @@
 #   rebase          safe mode onto the new backing file (compares 4 GiB,
 #                   copies what differs)
 #   rebase -b ""    flatten: everything the base shows copied in
+#   convert         the whole chain (4 GiB virtual, 2 GiB of data) into a
+#                   new qcow2, with each tool's default cache mode (qemu-img
+#                   never syncs its output, blockport syncs at the end),
+#                   then both with -t writeback (both sync) and both with
+#                   -t unsafe (neither does)
 # Twin copies of the files: each round one tool works on set a, the other
 # on set b, the order swapped every round, the sets restored between runs.
 # Prints mean seconds per tool and the ratio qemu-img / blockport (higher
@@ -88,3 +93,6 @@ row() {
 row "commit" base.qcow2 "base.qcow2 top.qcow2" -- commit top.qcow2
 row "rebase (safe)" top.qcow2 "top.qcow2" -- rebase -b new.qcow2 -F qcow2 top.qcow2
 row "rebase -b \"\" (flatten)" top.qcow2 "top.qcow2" -- rebase -b "" top.qcow2
+row "convert (defaults)" out.qcow2 "top.qcow2" -- convert -O qcow2 top.qcow2 out.qcow2
+row "convert -t writeback" out.qcow2 "top.qcow2" -- convert -t writeback -O qcow2 top.qcow2 out.qcow2
+row "convert -t unsafe" out.qcow2 "top.qcow2" -- convert -t unsafe -O qcow2 top.qcow2 out.qcow2
