@@ -116,8 +116,13 @@ static int copy_above_base(struct commit_job *j) {
     if (r < 0)
       cli_error("commit", NULL, "block status at offset %llu: %s",
                 (unsigned long long)off, bs.errmsg);
-    else if (ext.n == 0 || ext.end > size)
+    else if (ext.n == 0 || ext.end > size) {
+      /* A source's answer that covers nothing or runs past the end: no
+       * progress to be made from it. */
+      cli_error("commit", NULL, "block status at offset %llu: no usable extent",
+                (unsigned long long)off);
       r = -EIO;
+    }
     if (r == 0)
       r = copy_extents(j, &c, &ext, off);
     off = ext.end;

@@ -128,8 +128,13 @@ static int copy_differences(struct rebase_job *j) {
     if (r < 0)
       cli_error("rebase", NULL, "error while reading image metadata: %s",
                 bs.errmsg);
-    else if (ext.n == 0 || ext.end > size)
+    else if (ext.n == 0 || ext.end > size) {
+      /* A source's answer that covers nothing or runs past the end: no
+       * progress to be made from it. */
+      cli_error("rebase", NULL, "block status at offset %llu: no usable extent",
+                (unsigned long long)off);
       r = -EIO;
+    }
     if (r == 0)
       r = copy_extents(j, &c, &ext, off);
     off = ext.end;
