@@ -176,11 +176,11 @@ ok "each refused alike"
 
 check "the image's write lock"
 twin
-qemu-io -c "sleep 60000" q.qcow2 >/dev/null 2>&1 &
+qemu-io -c "sleep 60000" q.qcow2 >/dev/null 2>qemu-io.err &
 holder=$!
 track_pid "$holder"
-wait_until 10 bash -c '! qemu-img info q.qcow2 >/dev/null 2>&1' ||
-    fail "qemu-io did not lock the image"
+wait_until 10 write_locked q.qcow2 ||
+    fail "qemu-io did not lock the image: $(cat qemu-io.err)"
 rc=0
 "$BLOCKPORT" amend -o compat=0.10 q.qcow2 2>err || rc=$?
 [[ $rc == 1 ]] && grep -q "lock" err || fail "a busy image: exit $rc, $(cat err)"

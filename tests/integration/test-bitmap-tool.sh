@@ -202,10 +202,10 @@ ok "alike"
 
 check "a locked image, a raw image"
 cp base.qcow2 busy.qcow2
-qemu-io -c "sleep 60000" busy.qcow2 >/dev/null 2>&1 &
+qemu-io -c "sleep 60000" busy.qcow2 >/dev/null 2>qemu-io.err &
 busy=$!
 track_pid "$busy"
-wait_until 10 bash -c '! qemu-img info busy.qcow2 >/dev/null 2>&1' || fail "qemu-io did not lock the image"
+wait_until 10 write_locked busy.qcow2 || fail "qemu-io did not lock the image: $(cat qemu-io.err)"
 rc=0
 "$BLOCKPORT" bitmap --add busy.qcow2 x 2>err || rc=$?
 [[ $rc == 1 ]] && grep -q "lock" err || { cat err; fail "a locked image: exit $rc"; }

@@ -114,10 +114,10 @@ same_error -t bogus top.qcow2
 same_error -r abc top.qcow2
 same_error
 same_error top.qcow2 base.qcow2
-qemu-io -c "sleep 20000" r/base.qcow2 >/dev/null &
+qemu-io -c "sleep 20000" r/base.qcow2 >/dev/null 2>qemu-io.err &
 track_pid $!
-wait_until 10 sh -c "! qemu-img info r/base.qcow2 >/dev/null 2>&1" ||
-    fail "qemu-io did not lock the base"
+wait_until 10 write_locked r/base.qcow2 ||
+    fail "qemu-io did not lock the base: $(cat qemu-io.err)"
 "$BLOCKPORT" commit r/top.qcow2 2>err && fail "a locked base was written"
 grep -q 'Failed to get .*lock' err || fail "locked base: $(cat err)"
 qemu-img compare -q r/top.qcow2 q/top.qcow2 2>/dev/null && fail "the image was emptied"
