@@ -48,6 +48,7 @@ struct qcow2dev {
   bool writable;
   bool for_check; /* opened by check.c: malformed entries are its to judge */
   bool broken;    /* metadata state unknown after a failed update: no writes */
+  bool no_flush;  /* --cache unsafe: sync points write, never fdatasync */
   /* Metadata guard (guard.c): the overlap map of a writable image, and
    * whether a write on metadata was refused (atomic; then no writes). */
   struct qcow2_ol *ol;
@@ -159,7 +160,14 @@ int qcow2_rc_init(struct qcow2dev *q);
 int qcow2_rc_init_check(struct qcow2dev *q);
 int qcow2_rc_get(struct qcow2dev *q, uint64_t cluster, uint64_t *val);
 int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta);
+/* The same for N adjacent clusters, each block's entries in one write;
+ * within a block all or none change. */
+int qcow2_rc_update_run(struct qcow2dev *q, uint64_t first, uint64_t n,
+                        int64_t delta);
 int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host);
+/* NCLUSTERS adjacent data clusters at the end of the image, referenced.
+ * On failure the image is marked broken and the range leaks. */
+int qcow2_alloc_run(struct qcow2dev *q, uint64_t nclusters, uint64_t *host);
 /* NCLUSTERS adjacent clusters at the end of the image for a table that
  * must not be split (an L1 or bitmap table), referenced and marked as
  * metadata of KIND (overlap.h) in the guard.  *HOST is set even on

@@ -980,6 +980,7 @@ static int setup(struct qcow2dev *q, const struct bd_open_opts *o,
   if (r == 0 && bd_cache_direct(o->cache))
     r = open_direct(q, o->cache);
   q->ring = o->aio != BD_AIO_THREADS && uring_available();
+  q->no_flush = o->cache == BD_CACHE_UNSAFE;
   if (r == 0 && q->h.backing_offset && !(o->flags & BD_OPEN_NO_BACKING)) {
     q->backing = open_backing(q, hdr, o, &self);
     if (!q->backing)

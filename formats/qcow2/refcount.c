@@ -54,6 +54,19 @@ static int read_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
   return r;
 }
 
+/* Store VAL into the entry at B (sub-byte ones: the other bits kept). */
+static void encode_entry(const struct qcow2dev *q, uint8_t *b, unsigned shift,
+                         uint64_t val) {
+  unsigned nbytes = q->rc_bits / 8;
+  if (q->rc_bits < 8) {
+    uint8_t mask = (uint8_t)(((1u << q->rc_bits) - 1) << shift);
+    b[0] = (uint8_t)((b[0] & ~mask) | ((val << shift) & mask));
+  } else {
+    for (unsigned i = 0; i < nbytes; i++)
+      b[nbytes - 1 - i] = (uint8_t)(val >> (8 * i));
+  }
+}
+
 static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
                        unsigned shift, uint64_t val) {
   uint8_t b[8];
@@ -62,18 +75,19 @@ static int write_entry(struct qcow2dev *q, uint64_t block, uint64_t byte,
     int r = io_pread_zero(q->fd, b, 1, block + byte);
     if (r < 0)
       return r;
-    uint8_t mask = (uint8_t)(((1u << q->rc_bits) - 1) << shift);
-    b[0] = (uint8_t)((b[0] & ~mask) | ((val << shift) & mask));
-  } else {
-    for (unsigned i = 0; i < nbytes; i++)
-      b[nbytes - 1 - i] = (uint8_t)(val >> (8 * i));
   }
+  encode_entry(q, b, shift, val);
   return qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_BLOCK, b, nbytes,
                             block + byte);
 }
 
 static uint64_t rc_max(const struct qcow2dev *q) {
   return q->rc_bits == 64 ? UINT64_MAX : (1ull << q->rc_bits) - 1;
+}
+
+static bool in_range(const struct qcow2dev *q, uint64_t val, int64_t delta) {
+  return delta < 0 ? val >= (uint64_t)-delta
+                   : rc_max(q) - val >= (uint64_t)delta;
 }
 
 /* Bits 0-8 of a refcount table entry are reserved. */
@@ -157,13 +171,60 @@ int qcow2_rc_update(struct qcow2dev *q, uint64_t cluster, int64_t delta) {
     r = read_entry(q, block, byte, shift, &val);
   if (r != 0) /* not only r < 0: VAL is set only when r == 0 */
     return r;
-  if ((delta < 0 && val < (uint64_t)-delta) ||
-      (delta > 0 && rc_max(q) - val < (uint64_t)delta)) {
+  if (!in_range(q, val, delta)) {
     bd_set_error("qcow2 %s: refcount of cluster %llu out of range", q->path,
                  (unsigned long long)cluster);
     return -EIO;
   }
   return write_entry(q, block, byte, shift, val + (uint64_t)delta);
+}
+
+/* Add DELTA to the refcounts of clusters [first, first+n), all in refcount
+ * block TI: one read and one write of their entries, none changed unless
+ * all stay in range. */
+static int update_span(struct qcow2dev *q, uint64_t ti, uint64_t first,
+                       uint64_t n, int64_t delta) {
+  uint64_t block, t, byte, last_byte;
+  unsigned shift, last_shift;
+  int r = ensure_block(q, ti, &block);
+  if (r < 0)
+    return r;
+  locate(q, first, &t, &byte, &shift);
+  locate(q, first + n - 1, &t, &last_byte, &last_shift);
+  uint64_t span = last_byte + (q->rc_bits < 8 ? 1 : q->rc_bits / 8) - byte;
+  uint8_t *buf = malloc(span);
+  r = buf ? io_pread_zero(q->fd, buf, span, block + byte) : -ENOMEM;
+  for (uint64_t c = first; r == 0 && c < first + n; c++) {
+    uint64_t cb;
+    locate(q, c, &t, &cb, &shift);
+    uint64_t val = decode_entry(q, buf + (cb - byte), shift);
+    if (!in_range(q, val, delta)) {
+      bd_set_error("qcow2 %s: refcount of cluster %llu out of range", q->path,
+                   (unsigned long long)c);
+      r = -EIO;
+    } else {
+      encode_entry(q, buf + (cb - byte), shift, val + (uint64_t)delta);
+    }
+  }
+  if (r == 0)
+    r = qcow2_guard_pwrite(q, QCOW2_OL_REFCOUNT_BLOCK, buf, span, block + byte);
+  free(buf);
+  return r;
+}
+
+int qcow2_rc_update_run(struct qcow2dev *q, uint64_t first, uint64_t n,
+                        int64_t delta) {
+  int r = 0;
+  while (r == 0 && n > 0) {
+    uint64_t ti = first / q->rb_entries;
+    uint64_t k = q->rb_entries - first % q->rb_entries;
+    if (k > n)
+      k = n;
+    r = update_span(q, ti, first, k, delta);
+    first += k;
+    n -= k;
+  }
+  return r;
 }
 
 /* Copy the refcount table to a larger one at the end of the image. */
@@ -245,13 +306,28 @@ int qcow2_alloc_cluster(struct qcow2dev *q, uint64_t *host) {
   return 0;
 }
 
+int qcow2_alloc_run(struct qcow2dev *q, uint64_t nclusters, uint64_t *host) {
+  int r = qcow2_writes_refused(q);
+  if (r < 0)
+    return r;
+  /* The whole run first: a refcount block the updates below need goes
+   * after it, not into it. */
+  uint64_t h = q->alloc_end;
+  q->alloc_end += nclusters * q->csize;
+  r = qcow2_rc_update_run(q, h >> q->h.cluster_bits, nclusters, 1);
+  if (r < 0)
+    return qcow2_mark_broken(q, r, "allocating clusters");
+  *host = h;
+  return 0;
+}
+
 int qcow2_alloc_contiguous(struct qcow2dev *q, uint64_t nclusters,
                            unsigned kind, uint64_t *host) {
   uint64_t h = q->alloc_end, bytes = nclusters * q->csize;
   q->alloc_end += bytes;
   int r = qcow2_guard_mark(q, kind, h, bytes);
-  for (uint64_t c = 0; r == 0 && c < nclusters; c++)
-    r = qcow2_rc_update(q, (h >> q->h.cluster_bits) + c, 1);
+  if (r == 0)
+    r = qcow2_rc_update_run(q, h >> q->h.cluster_bits, nclusters, 1);
   if (q->alloc_end > q->file_size)
     q->file_size = q->alloc_end;
   *host = h;

@@ -155,7 +155,11 @@ static int write_be64(struct qcow2dev *q, unsigned kind, uint64_t off,
   return qcow2_guard_pwrite(q, kind, e, 8, off);
 }
 
+/* In unsafe mode as in QEMU's: metadata reaches the file, nothing waits
+ * for the disk (not even at close). */
 static int datasync(struct qcow2dev *q) {
+  if (q->no_flush)
+    return 0;
   int r = q->data_fd != q->fd ? io_fdatasync(q->data_fd) : 0;
   return r < 0 ? r : io_fdatasync(q->fd);
 }
@@ -414,6 +418,97 @@ static int allocate_write(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return r;
 }
 
+/* ---- runs of whole clusters ----
+ *
+ * A write covering several whole clusters that all need allocating (a
+ * copy into a fresh image, a flatten) gets one run of adjacent host
+ * clusters and one data write, then its L2 entries together: the same
+ * order as allocate_write(), without a round trip per cluster.  Only in
+ * the image itself, without extended L2 (whose subcluster path differs). */
+
+#define RUN_MAX 512 /* clusters per run: 32 MiB at 64 KiB */
+
+struct run {
+  uint64_t first, n, host, bound;
+  struct inflight f[RUN_MAX];
+  uint64_t entry[RUN_MAX], l2off[RUN_MAX];
+};
+
+static void finish_run(struct qcow2dev *q, struct run *w) {
+  for (uint64_t i = 0; i < w->n; i++)
+    finish_cluster(q, &w->f[i]);
+}
+
+/* Mark the leading clusters of [first, first+max) that need allocating and
+ * are not in flight; metadata lock held.  Stops at the first that would
+ * wait, so a run never waits while holding clusters. */
+static int claim_run(struct qcow2dev *q, struct run *w, uint64_t max) {
+  w->n = 0;
+  w->bound = q->alloc_end;
+  for (uint64_t c = w->first; w->n < max && !in_flight(q, c); c++) {
+    uint64_t l2off, entry, bitmap;
+    int r = qcow2_lookup(q, c, &l2off, &entry, &bitmap);
+    if (r < 0)
+      return r;
+    if (owned_data(q, entry, bitmap, 0, q->csize))
+      break; /* written in place */
+    w->entry[w->n] = entry;
+    w->f[w->n] = (struct inflight){c, q->inflight};
+    q->inflight = &w->f[w->n++];
+  }
+  return 0;
+}
+
+/* Publish the run written at w->host: its L2 entries, then the old
+ * clusters released.  Metadata lock held. */
+static int publish_run(struct qcow2dev *q, struct run *w) {
+  int r = 0;
+  for (uint64_t i = 0; r == 0 && i < w->n; i++)
+    r = set_l2(q, w->l2off[i], w->first + i,
+               (w->host + i * q->csize) | QCOW2_L2_COPIED, 0);
+  for (uint64_t i = 0; r == 0 && i < w->n; i++)
+    r = release_entry(q, w->entry[i], w->bound);
+  return r == 0 ? maybe_sync(q) : r;
+}
+
+/* Write whole clusters from FIRST (at most MAX) as one run; metadata lock
+ * held on entry and exit.  Returns the clusters written, 0 when fewer than
+ * two could be claimed (the caller writes cluster by cluster). */
+static int64_t write_run(struct qcow2dev *q, struct run *w, const uint8_t *buf,
+                         uint64_t max) {
+  int r = qcow2_writes_refused(q);
+  if (r == 0)
+    r = claim_run(q, w, max);
+  if (r < 0 || w->n < 2) {
+    finish_run(q, w);
+    return r;
+  }
+  /* The tables first, so that the data run is not split by one. */
+  for (uint64_t i = 0; r == 0 && i < w->n; i++)
+    r = writable_l2(q, w->first + i, &w->l2off[i]);
+  bool got = r == 0 && (r = qcow2_alloc_run(q, w->n, &w->host)) == 0;
+  grow_file(q);
+  pthread_mutex_unlock(&q->meta);
+
+  uint64_t len = w->n * q->csize;
+  bool data_phase = r == 0; /* as in allocate_write() */
+  if (r == 0)
+    r = qcow2_guard_data(q, w->host, len);
+  if (r == 0)
+    r = qcow2_data_pwrite(q, buf, len, w->host);
+  bool data_failed = data_phase && r < 0;
+
+  pthread_mutex_lock(&q->meta);
+  if (r == 0)
+    r = publish_run(q, w);
+  else if (got)
+    qcow2_free_range(q, w->host, len, true); /* never published */
+  if (r < 0 && !data_failed)
+    qcow2_mark_broken(q, r, "updating metadata");
+  finish_run(q, w);
+  return r < 0 ? r : (int64_t)w->n;
+}
+
 /* ---- subclusters (extended L2) ----
  *
  * A write into subclusters that are not allocated yet, in a cluster the
@@ -628,12 +723,6 @@ static int for_each_cluster(struct qcow2dev *q, uint64_t off, uint64_t len,
   return 0;
 }
 
-static int write_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
-                       uint64_t n, const uint8_t *buf, uint32_t flags) {
-  (void)flags;
-  return write_cluster(q, cluster, in, buf, n);
-}
-
 /* ---- compressed clusters ---- */
 
 /* Room for N compressed bytes: packed after the previous compressed
@@ -717,6 +806,36 @@ static int compress_piece(struct qcow2dev *q, uint64_t cluster, uint32_t in,
   return r == 1 ? write_cluster(q, cluster, in, buf, n) : r;
 }
 
+/* Write BUF over [off, off+len), whole clusters in runs where it can. */
+static int write_plain(struct qcow2dev *q, const uint8_t *buf, uint64_t len,
+                       uint64_t off) {
+  bool runs = !q->g.extended_l2 && !q->g.data_file;
+  struct run *w = NULL;
+  int r = 0;
+  while (r == 0 && len > 0) {
+    uint64_t whole = (off & (q->csize - 1)) ? 0 : len >> q->h.cluster_bits;
+    int64_t done = 0;
+    if (runs && whole >= 2 && (w || (w = malloc(sizeof *w)))) {
+      w->first = off >> q->h.cluster_bits;
+      pthread_mutex_lock(&q->meta);
+      done = write_run(q, w, buf, whole < RUN_MAX ? whole : RUN_MAX);
+      pthread_mutex_unlock(&q->meta);
+    }
+    uint64_t n = (uint64_t)done << q->h.cluster_bits;
+    if (done == 0) {
+      uint32_t in = (uint32_t)(off & (q->csize - 1));
+      n = q->csize - in < len ? q->csize - in : len;
+      done = write_cluster(q, off >> q->h.cluster_bits, in, buf, n);
+    }
+    r = done < 0 ? (int)done : 0;
+    buf += n;
+    off += n;
+    len -= n;
+  }
+  free(w);
+  return r;
+}
+
 int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
                  uint32_t flags) {
   struct qcow2dev *q = bd->priv;
@@ -724,9 +843,9 @@ int qcow2_pwrite(struct bd *bd, const void *buf, uint64_t len, uint64_t off,
   /* Compressed clusters are whole clusters written once: BD_F_COMPRESS
    * compresses the whole clusters of a write into clusters that read as
    * zeroes; everything else is written plainly. */
-  int r = for_each_cluster(
-      q, off, len, (flags & BD_F_COMPRESS) ? compress_piece : write_piece, buf,
-      0);
+  int r = (flags & BD_F_COMPRESS)
+              ? for_each_cluster(q, off, len, compress_piece, buf, 0)
+              : write_plain(q, buf, len, off);
   if (r < 0)
     bd_set_error("qcow2 %s: write at %llu failed: %s", q->path,
                  (unsigned long long)off, strerror(-r));

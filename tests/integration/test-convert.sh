@@ -56,6 +56,32 @@ done
 rc=0; "$BLOCKPORT" convert -c -O raw text.raw x.raw 2>err.txt || rc=$?
 [ $rc -eq 1 ] || fail "-c with -O raw: exit $rc"
 
+check "runs of whole clusters: each refcount width, over a snapshot"
+# A write covering several clusters that need allocating takes one run of
+# host clusters and updates their refcounts together, block by block.
+head -c 6M /dev/urandom >run.raw; truncate -s 9M run.raw
+for o in refcount_bits=1,cluster_size=512 refcount_bits=4,cluster_size=1024 \
+  refcount_bits=16,cluster_size=512 refcount_bits=64,cluster_size=4096 refcount_bits=8; do
+  rm -f run.qcow2
+  run "$BLOCKPORT" convert -O qcow2 -o "$o" run.raw run.qcow2 || fail "convert -o $o"
+  run qemu-img check -q run.qcow2 || fail "-o $o: check"
+  run qemu-img compare -q run.raw run.qcow2 || fail "-o $o: differs"
+done
+# Over data shared with a snapshot and a compressed cluster: the snapshot
+# keeps its data, the old clusters lose the active image's reference.
+rm -f run.qcow2
+qemu-img create -q -f qcow2 run.qcow2 9M
+qemu-io -c "write -P 7 0 5M" -c "write -c -P 8 5M 64k" run.qcow2 >/dev/null
+qemu-img snapshot -c s1 run.qcow2
+qemu-io -c "write -P 9 1M 64k" run.qcow2 >/dev/null
+run "$BLOCKPORT" convert -n -O qcow2 run.raw run.qcow2 || fail "convert -n"
+run qemu-img check -q run.qcow2 || fail "over a snapshot: check"
+run qemu-img compare -q run.raw run.qcow2 || fail "over a snapshot: differs"
+qemu-img convert -l snapshot.name=s1 -O raw run.qcow2 snap.raw
+qemu-io -f raw -c "read -P 7 0 5M" -c "read -P 8 5M 64k" snap.raw | grep -q "verification failed" &&
+  fail "the snapshot's data changed"
+ok "clean and equal"
+
 check "a memory: source and a null: source"
 "$BLOCKPORT" convert -O qcow2 memory:16M mem.qcow2 || fail "convert memory:"
 "$BLOCKPORT" convert -O raw null:16M null.raw || fail "convert null:"

@@ -51,8 +51,10 @@ ok "errno passed through; one-shot faults stop"
 check "qcow2: ENOSPC in the middle of allocating: errors, then a consistent image"
 qemu-img create -f qcow2 q.qcow2 64M >/dev/null
 qemu-io -f qcow2 -c 'write -P 0x3c 0 2M' q.qcow2 >/dev/null
-# Let 40 writes through (data, L2 tables, refcount blocks), then fail all.
-BLOCKPORT_FAULTS="op=write,err=ENOSPC,after=40" start_server q.qcow2
+# Let the first write's refcounts and data through (a run of clusters
+# takes one write of each), then fail every write: the second write's
+# allocation.
+BLOCKPORT_FAULTS="op=write,err=ENOSPC,after=2" start_server q.qcow2
 qio "$URI" -c 'write -P 0x5a 4M 8M' -c 'write -P 0x5b 20M 1M'
 grep -q "No space left on device" qio.txt || { cat qio.txt; fail "no ENOSPC"; }
 qio "$URI" -c 'read -P 0x3c 0 2M'
