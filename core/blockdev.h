@@ -63,6 +63,11 @@ enum bd_cmd {
 #define BD_F_FAST_ZERO 0x4u /* zero: fail with -ENOTSUP unless fast */
 #define BD_F_REQ_ONE 0x8u   /* block status: one extent is enough */
 #define BD_F_COMPRESS 0x10u /* write: store compressed where the format can */
+/* Read/write: the submitting thread may copy a large request between its
+ * buffer and the page cache itself (a front end with threads to spare, as
+ * FUSE's receive threads); without it a source does only small writes in
+ * the caller's thread and hands large ones off. */
+#define BD_F_INLINE_BIG 0x20u
 /* Set by core/disk.c on the requests it makes: aligned to the minimum
  * block, and (writes) under its range lock. */
 #define BD_F_ALIGNED 0x80000000u

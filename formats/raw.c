@@ -314,7 +314,9 @@ static int raw_extents(struct bd *bd, uint64_t len, uint64_t off,
  * Where it does not (ext4 buffered writes), small page-aligned writes are
  * done directly: they only copy into the page cache, needing no read of
  * the old page; the one wait they can meet is the kernel's dirty-page
- * throttling, which is back-pressure from the disk anyway.  Anything
+ * throttling, which is back-pressure from the disk anyway.  Larger ones
+ * too where the caller says it has threads to spare (BD_F_INLINE_BIG):
+ * a hand-off costs more than the copy there.  Anything
  * short or refused goes to the pool whole (repeating a read, or a write
  * of the same bytes, is harmless). */
 #define INLINE_WRITE_MAX (64 * 1024)
@@ -334,8 +336,9 @@ static int raw_try_nowait(struct bd *bd, struct bd_req *req) {
     n = pwritev2(r->fd, &iov, 1, (off_t)req->offset, RWF_NOWAIT);
     if (n < 0 && errno == EOPNOTSUPP)
       atomic_store(&r->nowait_writes, false);
-  } else if (req->length <= INLINE_WRITE_MAX && !r->is_block &&
-             (req->offset | req->length) % 4096 == 0) {
+  } else if ((req->length <= INLINE_WRITE_MAX ||
+              (req->flags & BD_F_INLINE_BIG)) &&
+             !r->is_block && (req->offset | req->length) % 4096 == 0) {
     n = pwrite(r->fd, req->buf, req->length, (off_t)req->offset);
   } else {
     return -EAGAIN;

@@ -126,6 +126,7 @@ static unsigned start_workers(struct fuse_loop *l) {
       fl_buf_put(l, w->fbuf.mem);
       break;
     }
+    pthread_setname_np(w->thread, "bp-fuse");
   }
   return n;
 }

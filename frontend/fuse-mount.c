@@ -472,7 +472,7 @@ static void repliers_start(struct fm *m) {
     return;
   while (m->nrepliers < REPLIERS &&
          pthread_create(&m->repliers[m->nrepliers], NULL, replier, m) == 0)
-    m->nrepliers++;
+    pthread_setname_np(m->repliers[m->nrepliers++], "bp-fuse-reply");
 }
 
 /* After the drain: the queue is empty. */
@@ -652,6 +652,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
   }
   io->file_off = (uint64_t)off;
   io->dr = (struct disk_req){.cmd = BD_READ,
+                             .flags = BD_F_INLINE_BIG,
                              .offset = f->offset + (uint64_t)off,
                              .length = n,
                              .buf = data,
@@ -660,7 +661,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 }
 
 /* A write request holding N bytes of BUF: a large one keeps the buffer
- * the request arrived in; a small one copies (cheaper than a buffer). */
+ * the request arrived in; a small one copies (cheaper than a buffer).
+ * Reads and writes carry BD_F_INLINE_BIG: with several receive threads,
+ * one copying a large request into the page cache itself costs less than
+ * handing it to another thread and waking it. */
 static struct fio *write_request(struct fm *m, fuse_req_t req, const char *buf,
                                  size_t n) {
   void *block = n > BIG_IO ? fl_take_request_buf(buf) : NULL;
@@ -674,8 +678,11 @@ static struct fio *write_request(struct fm *m, fuse_req_t req, const char *buf,
     io->block = block;
   else
     memcpy(data, buf, n);
-  io->dr = (struct disk_req){
-      .cmd = BD_WRITE, .length = n, .buf = data, .done = write_done};
+  io->dr = (struct disk_req){.cmd = BD_WRITE,
+                             .flags = BD_F_INLINE_BIG,
+                             .length = n,
+                             .buf = data,
+                             .done = write_done};
   return io;
 }
 

@@ -501,15 +501,35 @@ static int read_nowait(struct qcow2dev *q, uint8_t *p, uint64_t len,
   return 0;
 }
 
+/* A large page-aligned write into clusters the image owns alone, for a
+ * caller with threads to spare (BD_F_INLINE_BIG): the segments as the
+ * ring would write them, written here.  Anything else, or a short write,
+ * goes to the careful path (writing the same bytes twice is harmless). */
+static int write_big_nowait(struct qcow2dev *q, const uint8_t *buf,
+                            uint64_t len, uint64_t off) {
+  struct ring_segs rs = {.n = 0};
+  if (fault_active() || (off | len) % 4096 != 0 ||
+      qcow2_write_segs(q, &rs, buf, len, off) < 0)
+    return -EAGAIN;
+  qcow2_bitmaps_mark(q, off, len);
+  for (unsigned i = 0; i < rs.n; i++)
+    if (pwrite(q->data_fd, rs.v[i].buf, rs.v[i].len, (off_t)rs.v[i].off) !=
+        (ssize_t)rs.v[i].len)
+      return -EAGAIN;
+  return 0;
+}
+
 static int q_try_nowait(struct bd *bd, struct bd_req *req) {
   struct qcow2dev *q = bd->priv;
   if (q->dio_fd >= 0)
     return -EAGAIN; /* direct I/O always waits for the device */
   if (req->cmd == BD_READ)
     return read_nowait(q, req->buf, req->length, req->offset);
-  return q->writable
-             ? qcow2_try_write_nowait(q, req->buf, req->length, req->offset)
-             : -EAGAIN;
+  if (!q->writable)
+    return -EAGAIN;
+  if (req->length > 65536 && (req->flags & BD_F_INLINE_BIG))
+    return write_big_nowait(q, req->buf, req->length, req->offset);
+  return qcow2_try_write_nowait(q, req->buf, req->length, req->offset);
 }
 
 static bool dio_ok(const struct qcow2dev *q, uint64_t len, uint64_t host);
