@@ -180,6 +180,9 @@ int qcow2_rc_used_end(struct qcow2dev *q, uint64_t *end);
  * from the file: refuse further writes (reads go on), logged once.
  * Returns ERR. */
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what);
+/* An fdatasync that orders writes for power loss: none with --cache
+ * unsafe, as QEMU's unsafe mode never waits for the disk. */
+int qcow2_fdatasync(struct qcow2dev *q, int fd);
 /* Drop a reference to each cluster [host, host+len) touches, all or
  * none.  With PUNCH, clusters left unreferenced are punched out of the
  * file; without it (a compressed extent, which a damaged entry may aim at

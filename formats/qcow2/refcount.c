@@ -146,7 +146,7 @@ static int ensure_block(struct qcow2dev *q, uint64_t ti, uint64_t *block) {
   }
   /* The block is durable before the table entry that points at it. */
   if (r == 0)
-    r = io_fdatasync(q->fd);
+    r = qcow2_fdatasync(q, q->fd);
   if (r == 0) {
     uint8_t e[8];
     put_be64(e, b);
@@ -267,14 +267,14 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   free(buf);
   /* The new table is durable before the header points at it. */
   if (r == 0)
-    r = io_fdatasync(q->fd);
+    r = qcow2_fdatasync(q, q->fd);
   uint8_t hdr[12];
   put_be64(hdr, t);
   put_be32(hdr + 8, (uint32_t)nclusters);
   if (r == 0)
     r = io_pwrite_all(q->fd, hdr, 12, 48);
   if (r == 0)
-    r = io_fdatasync(q->fd);
+    r = qcow2_fdatasync(q, q->fd);
   if (r < 0)
     return qcow2_mark_broken(q, r, "growing the refcount table");
   q->h.reftable_clusters = (uint32_t)nclusters;
@@ -283,6 +283,10 @@ static int grow_table(struct qcow2dev *q, uint64_t need) {
   for (uint64_t c = 0; r == 0 && c < old_clusters; c++)
     r = qcow2_rc_update(q, (old_off >> q->h.cluster_bits) + c, -1);
   return r;
+}
+
+int qcow2_fdatasync(struct qcow2dev *q, int fd) {
+  return q->no_flush ? 0 : io_fdatasync(fd);
 }
 
 int qcow2_mark_broken(struct qcow2dev *q, int err, const char *what) {

@@ -158,10 +158,8 @@ static int write_be64(struct qcow2dev *q, unsigned kind, uint64_t off,
 /* In unsafe mode as in QEMU's: metadata reaches the file, nothing waits
  * for the disk (not even at close). */
 static int datasync(struct qcow2dev *q) {
-  if (q->no_flush)
-    return 0;
-  int r = q->data_fd != q->fd ? io_fdatasync(q->data_fd) : 0;
-  return r < 0 ? r : io_fdatasync(q->fd);
+  int r = q->data_fd != q->fd ? qcow2_fdatasync(q, q->data_fd) : 0;
+  return r < 0 ? r : qcow2_fdatasync(q, q->fd);
 }
 
 /* Metadata lock held. */
