@@ -29,10 +29,13 @@
 
 #define CHUNK (2u * 1024 * 1024) /* bytes per request, at least */
 #define SLOTS 16                 /* requests in flight, at most (-m) */
-#define WALK (256ull << 20)      /* block status asked per step */
-#define MAX_SPARSE (16u << 20)   /* -S, as qemu-img allows it */
-#define MAX_SOURCES 64           /* SRC... concatenated */
-#define SALVAGE_BLOCK 512u       /* --salvage rereads a failed read so */
+/* By default as qemu-img's -m: more writers into one local file contend
+ * for its inode lock (docs/BENCHMARKS.md, convert of a 4 GiB chain). */
+#define SLOTS_DEFAULT 8
+#define WALK (256ull << 20)    /* block status asked per step */
+#define MAX_SPARSE (16u << 20) /* -S, as qemu-img allows it */
+#define MAX_SOURCES 64         /* SRC... concatenated */
+#define SALVAGE_BLOCK 512u     /* --salvage rereads a failed read so */
 
 static const char convert_usage[] =
     "Usage: blockport convert [-p] [-c] [-C] [-U] [-n] [-W] [-f FMT]\n"
@@ -79,7 +82,7 @@ static const char convert_usage[] =
     "                SIZE, a multiple of 512 up to 16M (default: 4k for raw,\n"
     "                the cluster size for qcow2); 0: write everything, the\n"
     "                DST fully allocated\n"
-    "  -m N          requests in flight, 1-16 (default 16)\n"
+    "  -m N          requests in flight, 1-16 (default 8)\n"
     "  -W            accepted for qemu-img's sake: writes are always out of\n"
     "                order here\n"
     "  -B BACKING    DST (qcow2) gets BACKING as its backing file (a file\n"
@@ -552,7 +555,7 @@ static struct bd *open_dst_backing(const char *dst_path, struct dst_opts *d) {
 
 /* How the copy goes: slots, chunk and grain (-m, -S), what is written. */
 static void copy_shape(struct copy *cp, const struct dst_opts *d) {
-  cp->nslots = d->slots ? d->slots : SLOTS;
+  cp->nslots = d->slots ? d->slots : SLOTS_DEFAULT;
   cp->full = d->sparse == 0;
   cp->dirty_dst = d->existing && !d->target_zero;
   cp->offload = d->offload;
