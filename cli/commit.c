@@ -22,8 +22,6 @@
 #include "layer-copy.h"
 #include "progress.h"
 
-#define WALK (1ull << 30) /* block status asked per step */
-
 static const char commit_usage[] =
     "Usage: blockport commit [-f FMT] [-t CACHE] [-b BASE] [-r RATE] [-d] "
     "[-p] [-q]\n"
@@ -77,23 +75,10 @@ static struct bd *open_image(const char *path, const char *fmt,
   return bd;
 }
 
-/* Copy the extents allocated above the base, [OFF, OFF+LEN). */
-static int copy_extents(struct commit_job *j, struct lcopy *c,
-                        const struct bd_extents *ext, uint64_t off) {
-  int r = 0;
-  for (size_t i = 0; r == 0 && i < ext->n; i++) {
-    const struct bd_extent *e = &ext->v[i];
-    bool above = e->depth >= 1 && e->depth <= (uint32_t)j->base;
-    if (!above)
-      lcopy_skip(c, e->length);
-    else if (e->flags & BD_EXT_ZERO)
-      r = lcopy_zero(c, off, e->length);
-    else
-      r = lcopy_data(c, off, e->length);
-    off += e->length;
-    progress_at(&j->prog, lcopy_done(c), j->view->size);
-  }
-  return r;
+/* Extents allocated above the base are copied. */
+static bool above_base(const void *opaque, uint32_t depth) {
+  const struct commit_job *j = opaque;
+  return depth >= 1 && depth <= (uint32_t)j->base;
 }
 
 static int copy_above_base(struct commit_job *j) {
@@ -103,35 +88,7 @@ static int copy_above_base(struct commit_job *j) {
                     .rate = j->a->rate,
                     .zero_flags = BD_F_MAY_TRIM,
                     .slots_max = 4};
-  int r = lcopy_start(&c);
-  struct bd_extents ext;
-  bd_extents_init(&ext, 0, 1024);
-  uint64_t off = 0, size = j->view->size;
-  while (r == 0 && off < size) {
-    uint64_t len = size - off < WALK ? size - off : WALK;
-    bd_extents_reset(&ext, off, 1024);
-    struct bd_req bs = {
-        .cmd = BD_BLOCK_STATUS, .offset = off, .length = len, .extents = &ext};
-    r = bd_run(j->view, &bs);
-    if (r < 0)
-      cli_error("commit", NULL, "block status at offset %llu: %s",
-                (unsigned long long)off, bs.errmsg);
-    else if (ext.n == 0 || ext.end > size) {
-      /* A source's answer that covers nothing or runs past the end: no
-       * progress to be made from it. */
-      cli_error("commit", NULL, "block status at offset %llu: no usable extent",
-                (unsigned long long)off);
-      r = -EIO;
-    }
-    if (r == 0)
-      r = copy_extents(j, &c, &ext, off);
-    off = ext.end;
-  }
-  bd_extents_free(&ext);
-  int f = lcopy_finish(&c);
-  if (f < 0 && r == 0)
-    cli_error("commit", NULL, "%s", c.errmsg);
-  return r < 0 ? r : f;
+  return lcopy_walk(&c, j->view, "commit", NULL, above_base, j, &j->prog);
 }
 
 /* The base, writable, as large as the image. */

@@ -9,10 +9,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "layer-copy.h"
+#include "progress.h"
 
 #define CHUNK (2u << 20) /* bytes per request */
 #define MAX_ZERO (1ull << 30)
+#define WALK (1ull << 30) /* block status asked per step */
 
 enum phase { READ_SRC, READ_CMP, WRITING };
 
@@ -290,4 +293,66 @@ int lcopy_finish(struct lcopy *c) {
   pthread_cond_destroy(&c->cond);
   pthread_mutex_destroy(&c->lock);
   return r;
+}
+
+/* One step's extents, from OFF. */
+static int copy_picked(struct lcopy *c, const struct bd_extents *ext,
+                       uint64_t off, lcopy_pick_fn *pick, const void *opaque,
+                       struct progress *prog, uint64_t size) {
+  int r = 0;
+  for (size_t i = 0; r == 0 && i < ext->n; i++) {
+    const struct bd_extent *e = &ext->v[i];
+    if (!pick(opaque, e->depth))
+      lcopy_skip(c, e->length);
+    else if (e->flags & BD_EXT_ZERO)
+      r = lcopy_zero(c, off, e->length);
+    else
+      r = lcopy_data(c, off, e->length);
+    off += e->length;
+    progress_at(prog, lcopy_done(c), size);
+  }
+  return r;
+}
+
+/* Block status of [OFF, OFF+LEN) into EXT, with the message on failure. */
+static int walk_step(struct bd *walked, const char *cmd, const char *bs_what,
+                     struct bd_extents *ext, uint64_t off, uint64_t len) {
+  bd_extents_reset(ext, off, 1024);
+  struct bd_req bs = {
+      .cmd = BD_BLOCK_STATUS, .offset = off, .length = len, .extents = ext};
+  int r = bd_run(walked, &bs);
+  if (r < 0 && bs_what)
+    cli_error(cmd, NULL, "%s: %s", bs_what, bs.errmsg);
+  else if (r < 0)
+    cli_error(cmd, NULL, "block status at offset %llu: %s",
+              (unsigned long long)off, bs.errmsg);
+  else if (ext->n == 0 || ext->end > walked->size) {
+    /* An answer that covers nothing or runs past the end: no progress to
+     * be made from it. */
+    cli_error(cmd, NULL, "block status at offset %llu: no usable extent",
+              (unsigned long long)off);
+    r = -EIO;
+  }
+  return r;
+}
+
+int lcopy_walk(struct lcopy *c, struct bd *walked, const char *cmd,
+               const char *bs_what, lcopy_pick_fn *pick, const void *opaque,
+               struct progress *prog) {
+  int r = lcopy_start(c);
+  struct bd_extents ext;
+  bd_extents_init(&ext, 0, 1024);
+  uint64_t off = 0, size = walked->size;
+  while (r == 0 && off < size) {
+    uint64_t len = size - off < WALK ? size - off : WALK;
+    r = walk_step(walked, cmd, bs_what, &ext, off, len);
+    if (r == 0)
+      r = copy_picked(c, &ext, off, pick, opaque, prog, size);
+    off = ext.end;
+  }
+  bd_extents_free(&ext);
+  int f = lcopy_finish(c);
+  if (f < 0 && r == 0)
+    cli_error(cmd, NULL, "%s", c->errmsg);
+  return r < 0 ? r : f;
 }

@@ -2,7 +2,8 @@
 /* Copying ranges of one image into another with many requests in flight,
  * for `commit` (a chain's upper layers into its base) and `rebase` (what
  * an image's old backing chain shows where the new one differs, into the
- * image).  The caller walks block status and hands over ranges. */
+ * image).  lcopy_walk() walks block status over an image and hands over
+ * the extents its caller picks; the calls below take ranges directly. */
 #ifndef BLOCKPORT_CLI_LAYER_COPY_H
 #define BLOCKPORT_CLI_LAYER_COPY_H
 
@@ -58,5 +59,19 @@ uint64_t lcopy_done(struct lcopy *c);
 /* Wait for every request; the first error (its message in
  * lcopy.errmsg), or 0.  Frees what lcopy_start() took. */
 int lcopy_finish(struct lcopy *c);
+
+struct progress;
+/* Whether an extent at allocation DEPTH of the walked image's block
+ * status is to be copied. */
+typedef bool lcopy_pick_fn(const void *opaque, uint32_t depth);
+
+/* The whole copy: lcopy_start(), then block status over WALKED (its whole
+ * size, a step at a time), each extent PICK chooses copied (zeroes as
+ * zero writes) and the rest skipped, PROG advanced; then lcopy_finish().
+ * Errors are printed as CMD's; a failed block status as BS_WHAT (NULL:
+ * "block status at offset N") followed by its message.  0 or -errno. */
+int lcopy_walk(struct lcopy *c, struct bd *walked, const char *cmd,
+               const char *bs_what, lcopy_pick_fn *pick, const void *opaque,
+               struct progress *prog);
 
 #endif

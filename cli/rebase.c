@@ -26,8 +26,6 @@
 #include "layer-copy.h"
 #include "progress.h"
 
-#define WALK (1ull << 30) /* block status asked per step */
-
 static const char rebase_usage[] =
     "Usage: blockport rebase [-f FMT] [-t CACHE] [-T SRC_CACHE] [-p] [-u] "
     "[-q] [-U]\n"
@@ -78,7 +76,8 @@ static void change_error(const struct rebase_args *a, const char *why) {
 
 /* Whether the old chain may differ from the new backing file where an
  * extent at DEPTH (of the image's block status) reads. */
-static bool may_differ(const struct rebase_job *j, uint32_t depth) {
+static bool may_differ(const void *opaque, uint32_t depth) {
+  const struct rebase_job *j = opaque;
   if (depth == 1)
     return false; /* the image's own data */
   if (j->prefix < 0)
@@ -86,23 +85,6 @@ static bool may_differ(const struct rebase_job *j, uint32_t depth) {
   /* The new backing file is in the old chain: only what the images above
    * it hold can differ. */
   return depth >= 2 && depth <= (uint32_t)j->prefix;
-}
-
-static int copy_extents(struct rebase_job *j, struct lcopy *c,
-                        const struct bd_extents *ext, uint64_t off) {
-  int r = 0;
-  for (size_t i = 0; r == 0 && i < ext->n; i++) {
-    const struct bd_extent *e = &ext->v[i];
-    if (!may_differ(j, e->depth))
-      lcopy_skip(c, e->length);
-    else if (e->flags & BD_EXT_ZERO)
-      r = lcopy_zero(c, off, e->length);
-    else
-      r = lcopy_data(c, off, e->length);
-    off += e->length;
-    progress_at(&j->prog, lcopy_done(c), j->img->size);
-  }
-  return r;
 }
 
 /* Safe mode: where the old chain and the new backing file differ, the old
@@ -115,37 +97,11 @@ static int copy_differences(struct rebase_job *j) {
                     .cmp = j->nb,
                     .grain = grain ? grain : 65536,
                     .slots_max = 2};
-  int r = lcopy_start(&c);
-  struct bd_extents ext;
-  bd_extents_init(&ext, 0, 1024);
-  uint64_t off = 0, size = j->img->size;
-  while (r == 0 && off < size) {
-    uint64_t len = size - off < WALK ? size - off : WALK;
-    bd_extents_reset(&ext, off, 1024);
-    struct bd_req bs = {
-        .cmd = BD_BLOCK_STATUS, .offset = off, .length = len, .extents = &ext};
-    r = bd_run(j->img, &bs);
-    if (r < 0)
-      cli_error("rebase", NULL, "error while reading image metadata: %s",
-                bs.errmsg);
-    else if (ext.n == 0 || ext.end > size) {
-      /* A source's answer that covers nothing or runs past the end: no
-       * progress to be made from it. */
-      cli_error("rebase", NULL, "block status at offset %llu: no usable extent",
-                (unsigned long long)off);
-      r = -EIO;
-    }
-    if (r == 0)
-      r = copy_extents(j, &c, &ext, off);
-    off = ext.end;
-  }
-  bd_extents_free(&ext);
-  int f = lcopy_finish(&c);
-  if (f < 0 && r == 0)
-    cli_error("rebase", NULL, "%s", c.errmsg);
-  if (r == 0 && f == 0 && (f = bd_flush(j->img)) < 0)
+  int r = lcopy_walk(&c, j->img, "rebase", "error while reading image metadata",
+                     may_differ, j, &j->prog);
+  if (r == 0 && (r = bd_flush(j->img)) < 0)
     cli_error("rebase", NULL, "%s", bd_errmsg());
-  return r < 0 ? r : f;
+  return r;
 }
 
 /* The new backing file, as the image will open it (relative to its
