@@ -18,6 +18,8 @@
 # Prints mean seconds per tool and the ratio qemu-img / blockport (higher
 # is better for blockport).  Each blockport result is checked against
 # qemu-img's with qemu-img compare.
+# ONLY=REGEX runs the rows whose names match; VERBOSE=1 prints each run's
+# time on stderr.
 # usage: contrib/bench/commit-rebase-bench.sh [ROUNDS] [BLOCKPORT]
 set -euo pipefail
 ROUNDS=${1:-2}
@@ -48,10 +50,12 @@ for ((i = 0; i < 32; i++)); do writes+=(-c "write -P $((i + 1)) $((i * 128))M 16
 qemu-io "${writes[@]}" t/top.qcow2 >/dev/null
 rm -f in.raw new.raw
 
-restore() { # SET FILE...: the set's files as made
+restore() { # SET FILE...: the set's files as made, no convert output left
   local f
   mkdir -p "$1"
   for f in "${@:2}"; do cp t/"$f" "$1/$f"; done
+  # Removing the last round's 2 GiB output is not the next convert's work.
+  rm -f "$1/out.qcow2"
 }
 restore a base.qcow2 top.qcow2 new.qcow2
 restore b base.qcow2 top.qcow2 new.qcow2
@@ -69,22 +73,24 @@ secs() { # each run starts with no dirty pages left by the one before
 # row NAME CHECKED-FILE RESTORED-FILES -- ARGS...: ARGS run by each tool
 # (in the set's directory) ROUNDS times.
 row() {
-  local name=$1 checked=$2 files=$3 r set_bp set_q tb=0 tq=0 t
+  local name=$1 checked=$2 files=$3 r set_bp set_q tb=0 tq=0 t runs_bp= runs_q=
   shift 4
+  [[ $name =~ ${ONLY:-.} ]] || return 0
   for ((r = 0; r < ROUNDS; r++)); do
     if ((r % 2 == 0)); then set_bp=a set_q=b; else set_bp=b set_q=a; fi
     # shellcheck disable=SC2086 # $files is words
     restore "$set_bp" $files && restore "$set_q" $files
     if ((r % 2 == 0)); then
-      t=$(cd "$set_bp" && secs "$BP" "$@") || exit 1; tb=$(awk -v a="$tb" -v b="$t" 'BEGIN{print a + b}')
-      t=$(cd "$set_q" && secs qemu-img "$@") || exit 1; tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print a + b}')
+      t=$(cd "$set_bp" && secs "$BP" "$@") || exit 1; tb=$(awk -v a="$tb" -v b="$t" 'BEGIN{print a + b}'); runs_bp+=" $t"
+      t=$(cd "$set_q" && secs qemu-img "$@") || exit 1; tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print a + b}'); runs_q+=" $t"
     else
-      t=$(cd "$set_q" && secs qemu-img "$@") || exit 1; tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print a + b}')
-      t=$(cd "$set_bp" && secs "$BP" "$@") || exit 1; tb=$(awk -v a="$tb" -v b="$t" 'BEGIN{print a + b}')
+      t=$(cd "$set_q" && secs qemu-img "$@") || exit 1; tq=$(awk -v a="$tq" -v b="$t" 'BEGIN{print a + b}'); runs_q+=" $t"
+      t=$(cd "$set_bp" && secs "$BP" "$@") || exit 1; tb=$(awk -v a="$tb" -v b="$t" 'BEGIN{print a + b}'); runs_bp+=" $t"
     fi
     qemu-img compare -q "$set_bp/$checked" "$set_q/$checked" ||
       { echo "$name: blockport's $checked differs from qemu-img's"; exit 1; }
   done
+  [ -n "${VERBOSE:-}" ] && echo "  $name: blockport$runs_bp / qemu-img$runs_q" >&2
   printf '%-22s blockport %6.2f s | qemu-img %6.2f s | ratio %s\n' "$name" \
     "$(awk -v t="$tb" -v n="$ROUNDS" 'BEGIN{print t / n}')" \
     "$(awk -v t="$tq" -v n="$ROUNDS" 'BEGIN{print t / n}')" "$(ratio "$tq" "$tb")"
