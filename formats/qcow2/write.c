@@ -474,6 +474,7 @@ static int publish_run(struct qcow2dev *q, struct run *w) {
  * two could be claimed (the caller writes cluster by cluster). */
 static int64_t write_run(struct qcow2dev *q, struct run *w, const uint8_t *buf,
                          uint64_t max) {
+  w->n = 0; /* nothing claimed yet, whatever the last run left */
   int r = qcow2_writes_refused(q);
   if (r == 0)
     r = claim_run(q, w, max);
