@@ -75,6 +75,17 @@ wait_sock() {
   return 1
 }
 
+# wait_mount PATH: until PATH is a FUSE mount (10 s at most).
+wait_mount() {
+  local _
+  for _ in $(seq 200); do
+    grep -qs " $1 fuse" /proc/mounts && return 0
+    sleep 0.05
+  done
+  echo "no FUSE mount at $1 after 10 s" >&2
+  return 1
+}
+
 # start_server SOCKET CMD...: run a server in the background (its output
 # thrown away) and wait for its socket; its pid in SERVER_PID.
 start_server() {

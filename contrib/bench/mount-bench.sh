@@ -58,16 +58,6 @@ job() { # workload -> job file
 WORKLOADS=(randrw seqread seqwrite)
 for w in "${WORKLOADS[@]}"; do job "$w"; done
 
-# wait_mount PATH: until PATH is a FUSE mount (or 10 s).
-wait_mount() {
-  for _ in $(seq 200); do
-    grep -qs " $1 fuse" /proc/mounts && return 0
-    sleep 0.05
-  done
-  echo "mount at $1 did not appear" >&2
-  return 1
-}
-
 # mount_as NAME -> sets FILE (the mounted disk) and MNT (what to unmount)
 mount_as() {
   case $1 in

@@ -51,16 +51,6 @@ for w in "${WORKLOADS[@]}"; do
   esac
 done
 
-wait_mount() { # PATH: until PATH is a FUSE mount (10 s at most)
-  local _
-  for _ in $(seq 200); do
-    grep -qs " $1 fuse" /proc/mounts && return 0
-    sleep 0.05
-  done
-  echo "no FUSE mount at $1 after 10 s" >&2
-  return 1
-}
-
 # mount_as TOOL FORMAT: sets FILE (the mounted disk), PID and PIDFILE.
 mount_as() {
   local img=$W/disk.$2

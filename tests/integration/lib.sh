@@ -148,32 +148,33 @@ _pid_gone() {
     ! _pid_alive "$1"
 }
 
+# _lock_range_free FILE START LEN: no open file holds an OFD lock on bytes
+# [START, START+LEN) of FILE (F_OFD_GETLK, which takes no lock itself).
+_lock_range_free() {
+    "$PY" - "$@" <<'EOF'
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+start, length = int(sys.argv[2]), int(sys.argv[3])
+fl = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, fl)
+sys.exit(0 if struct.unpack("hh4xqqi4x", res)[0] == fcntl.F_UNLCK else 1)
+EOF
+}
+
 # write_locked FILE: some process holds QEMU's lock byte for the write
 # permission (101) of FILE, as qemu-io does once it has opened FILE
 # read-write.  A test waits on this, not on `qemu-img info` failing: that
 # info takes its own shared lock and, polled while qemu-io opens the image,
 # makes qemu-io's open fail.
 write_locked() {
-    "$PY" - "$1" <<'EOF2'
-import fcntl, os, struct, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-fl = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 101, 1, 0)
-res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, fl)
-sys.exit(1 if struct.unpack("hh4xqqi4x", res)[0] == fcntl.F_UNLCK else 0)
-EOF2
+    ! _lock_range_free "$1" 101 1
 }
 
 # file_unlocked FILE: no open file holds a QEMU-style lock byte (100-299)
 # of FILE.  A process killed with in-flight io_uring requests keeps its OFD
 # locks until the kernel tears the ring down, a moment after it is reaped.
 file_unlocked() {
-    "$PY" - "$1" <<'EOF'
-import fcntl, os, struct, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-fl = struct.pack("hh4xqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 100, 200, 0)
-res = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, fl)
-sys.exit(0 if struct.unpack("hh4xqqi4x", res)[0] == fcntl.F_UNLCK else 1)
-EOF
+    _lock_range_free "$1" 100 200
 }
 
 # _NOW: microseconds since the epoch.  No subshell: see _children_of.
